@@ -1,0 +1,161 @@
+"""The torch backend on device "cpu", built only from ops measured to be row invariant.
+
+Invariant (INVARIANCE.md): each op gives a row the same bits whatever the number of rows in the
+call and wherever the row sits. On this path that rests on three measured facts, which the
+load-time guard and the per-op tests re-check on every machine rather than trust:
+- MKL's `x @ W` (and batched `@`) gives a row the same bits for every row count that is a
+  multiple of 4, so every matmul pads its rows up to a multiple of 4 and makes one call;
+- correctly rounded elementwise ops (+, *, /, sqrt) and torch's exp are position independent,
+  while torch's vectorised rsqrt and sigmoid are not (their scalar tails round differently), so
+  rms_norm divides by a square root and silu is x / (1 + exp(-x));
+- reductions over a contiguous last dimension of fixed length are row independent.
+Attention scores all keys with one padded matmul, subtracts the row's exact maximum, and then
+adds fixed blocks of `key_block` keys, aligned to absolute positions, in block order; a row's
+masked keys contribute exact zeros, so keys beyond its own position never change its bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from exactdraft.backends.base import BackendError, register_backend
+
+_TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+ROW_MULTIPLE = 4
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class TorchBackend:
+    """Row-invariant ops on torch tensors (device cpu)."""
+
+    name = "torch"
+
+    def __init__(self, device: str | None = None, dtype: str | None = None,
+                 key_block: int = 256) -> None:
+        torch = _torch()
+        self.device = device or "cpu"
+        if self.device != "cpu":
+            raise BackendError(
+                f"torch backend device {self.device!r} is not supported yet; supported: cpu"
+            )
+        self.dtype = dtype or "float32"
+        if self.dtype not in _TORCH_DTYPES:
+            raise BackendError(f"unsupported dtype {self.dtype!r} for the torch backend")
+        self.torch_dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
+        self.key_block = key_block
+
+    def __repr__(self) -> str:
+        return f"TorchBackend(device={self.device!r}, dtype={self.dtype!r})"
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def matrix(self, weight: Any) -> Any:
+        torch = _torch()
+        dense = np.array(weight, dtype=np.float32)
+        if dense.ndim != 2:
+            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        # Stored as [K, N] so that every call is the measured `x @ W` form.
+        return torch.from_numpy(dense).to(self.torch_dtype).t().contiguous()
+
+    def vector(self, values: np.ndarray) -> Any:
+        torch = _torch()
+        return torch.from_numpy(np.array(values, dtype=np.float32)).to(self.torch_dtype)
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def embedding(self, table: Any, token_ids: np.ndarray) -> Any:
+        torch = _torch()
+        return table[torch.from_numpy(np.asarray(token_ids, dtype=np.int64))]
+
+    def _padded_matmul(self, a: Any, b: Any) -> Any:
+        rows = a.shape[-2]
+        padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+        if padded != rows:
+            torch = _torch()
+            pad = a.new_zeros(*a.shape[:-2], padded - rows, a.shape[-1])
+            return torch.matmul(torch.cat([a, pad], dim=-2), b)[..., :rows, :]
+        return _torch().matmul(a, b)
+
+    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        out = self._padded_matmul(x, weight)
+        return out if bias is None else out + bias
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        torch = _torch()
+        x32 = x.float()
+        variance = (x32 * x32).mean(-1, keepdim=True)
+        normed = x32 / torch.sqrt(variance + eps)
+        return weight * normed.to(x.dtype)
+
+    def rope(self, x: Any, cos: Any, sin: Any) -> Any:
+        half = x.shape[-1] // 2
+        first, second = x[..., :half], x[..., half:]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return _torch().cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+    def silu_mul(self, gate_up: Any) -> Any:
+        torch = _torch()
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :half], gate_up[..., half:]
+        return gate / (1.0 + torch.exp(-gate)) * up
+
+    def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
+                  previous: Any | None = None) -> Any:
+        buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype)
+        if previous is not None:
+            buffer[:, : previous.shape[1]] = previous
+        return buffer
+
+    def kv_write(self, buffer: Any, start: int, rows: Any) -> Any:
+        buffer[:, start:start + rows.shape[0]] = rows.transpose(0, 1)
+        return buffer
+
+    def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
+                  window: int, scale: float) -> Any:
+        torch = _torch()
+        rows, num_heads, head_dim = q.shape
+        num_kv_heads = keys.shape[0]
+        group = num_heads // num_kv_heads
+        block = self.key_block
+        last = int(positions.max())
+        first = 0
+        if window > 0:
+            first = max(0, int(positions.min()) - window + 1) // block * block
+        end = (last // block + 1) * block
+        if end > keys.shape[1]:
+            raise BackendError(f"KV buffer of {keys.shape[1]} positions cannot hold key {last}")
+        # Rows ordered (group member, query row) inside each KV head.
+        grouped = q.reshape(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        grouped = grouped.reshape(num_kv_heads, group * rows, head_dim).float()
+        key_span = keys[:, first:end].float()
+        scores = self._padded_matmul(grouped, key_span.transpose(1, 2)) * scale
+        key_positions = torch.arange(first, end)
+        query_positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))[:, None]
+        visible = key_positions[None, :] <= query_positions
+        if window > 0:
+            visible &= query_positions - key_positions[None, :] < window
+        visible = visible.repeat(group, 1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        value_span = values[:, first:end].float()
+        total = weights.new_zeros(num_kv_heads, group * rows, 1)
+        out = weights.new_zeros(num_kv_heads, group * rows, head_dim)
+        for start in range(0, end - first, block):
+            part = weights[:, :, start:start + block]
+            total = total + part.sum(-1, keepdim=True)
+            out = out + self._padded_matmul(part, value_span[:, start:start + block])
+        out = (out / total).reshape(num_kv_heads, group, rows, head_dim)
+        return out.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim).to(q.dtype)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return x.detach().float().numpy()
+
+
+register_backend("torch", lambda device=None, dtype=None: TorchBackend(device=device, dtype=dtype))

@@ -1,0 +1,113 @@
+"""Reading safetensors files with numpy alone, bf16 included, without pickle.
+
+Invariant: a tensor is handed out only after the whole header has been checked against the file
+(every dtype known, every byte range inside the data section and matching its shape), so a
+truncated or corrupt file fails at open with the file and tensor named, never mid-model.
+Tensors are memory-mapped; float16 and bfloat16 are widened to float32 exactly on access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+_DTYPES = {
+    "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
+    "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or folder cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 bit patterns (uint16) to float32; exact."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def read_header(path: str) -> dict[str, TensorEntry]:
+    """Parse and validate the header of one safetensors file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes)")
+        (header_size,) = struct.unpack("<Q", prefix)
+        if header_size > _MAX_HEADER or 8 + header_size > size:
+            raise CheckpointError(
+                f"{path}: truncated or corrupt safetensors file (header of {header_size} bytes "
+                f"in a file of {size} bytes)"
+            )
+        try:
+            header = json.loads(handle.read(header_size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{path}: corrupt safetensors header ({error})") from None
+    data_start = 8 + header_size
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info.get("dtype")
+        if dtype not in _DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(o) for o in info["data_offsets"])
+        expected = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+        if end - begin != expected:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} of shape {shape} needs {expected} bytes, "
+                f"header gives {end - begin}"
+            )
+        if data_start + end > size:
+            raise CheckpointError(
+                f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
+                f"{data_start + end} but the file has {size} bytes"
+            )
+        entries[name] = TensorEntry(path, dtype, shape, data_start + begin, data_start + end)
+    return entries
+
+
+class SafetensorsTensors(Mapping):
+    """Name -> float32 numpy array (lazily read) over one or more safetensors files."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.entries: dict[str, TensorEntry] = {}
+        for path in paths:
+            self.entries.update(read_header(path))
+        self._maps: dict[str, np.memmap] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        entry = self.entries[name]
+        if entry.path not in self._maps:
+            self._maps[entry.path] = np.memmap(entry.path, dtype=np.uint8, mode="r")
+        raw = self._maps[entry.path][entry.begin:entry.end].view(_DTYPES[entry.dtype])
+        raw = raw.reshape(entry.shape)
+        if entry.dtype == "BF16":
+            return bf16_to_float32(raw)
+        return raw.astype(np.float32) if entry.dtype != "F32" else raw
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name].shape
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,251 @@
+"""SamplingParams and KeyedSampler: the target's own sample, as SAMPLER.md defines it.
+
+Invariant: the token returned for a row is a pure function of (the row's float32 logits, the
+sampling parameters, the token history, the seed, the absolute position), equal to the token
+SAMPLER.md's definition returns. Nothing else reaches the draw: no global random state, no
+batch size, no draft depth. The vectorised paths below only skip work that provably cannot
+change the answer (see the bounds in `_candidates`), and every decision that floating-point
+transcendental functions could tip (a near-tie between two noisy scores, a top-p cut that
+lands within rounding of its threshold) is re-decided with Python's own `math` functions, the
+reference the definition is written against.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_POSITION_MULTIPLIER = 0xD1B54A32D192ED03
+_MASK = (1 << 64) - 1
+# g = -log(-log(u)) with u in [2**-54, 1 - 2**-54], so the noise lies in [-3.62, 37.43]: a
+# candidate more than this far below the best score cannot win, and its weight exp(-45) is
+# below half an ulp of the top-p running sum (which starts at 1), so it cannot move that sum.
+_IRRELEVANT_BELOW = 45.0
+_NEAR = 1e-9
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer on a Python int, wrapping modulo 2**64."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """The same finalizer on a uint64 array (numpy wraps uint64 arithmetic modulo 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _position_key(seed: int, pos: int) -> int:
+    return _mix(_mix((seed + _GOLDEN) & _MASK) ^ ((pos * _POSITION_MULTIPLIER) & _MASK))
+
+
+def noise_key(seed: int, pos: int, token: int) -> int:
+    """key(seed, pos, tok) of SAMPLER.md."""
+    return _mix(_position_key(seed, pos) ^ token)
+
+
+def keyed_uniform(seed: int, pos: int, tokens: Any) -> np.ndarray:
+    """u(seed, pos, tok) for an array of token ids: float64 strictly inside (0, 1)."""
+    ids = np.asarray(tokens, dtype=np.uint64)
+    keys = _mix_array(ids ^ np.uint64(_position_key(seed, pos)))
+    return ((keys >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def gumbel_noise(seed: int, pos: int, token: int) -> float:
+    """g(seed, pos, tok) of SAMPLER.md, computed with Python's math module (the reference)."""
+    u = ((noise_key(seed, pos, token) >> 11) + 0.5) * 2.0**-53
+    return -math.log(-math.log(u))
+
+
+def fresh_seed() -> int:
+    """63 random bits from the operating system."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a token is drawn from a logits row. Checked on construction; see SAMPLER.md."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            return float(value)
+
+        if number("temperature") < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not 0 < number("top_p") <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= number("min_p") <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if number("repetition_penalty") <= 0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
+        number("presence_penalty")
+        number("frequency_penalty")
+        bias = dict(self.logit_bias or {})
+        for token, value in bias.items():
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+                raise ValueError(f"logit_bias key must be a token id >= 0, got {token!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"logit_bias[{token}] must be a finite number, got {value!r}")
+        object.__setattr__(self, "logit_bias", {int(t): float(v) for t, v in bias.items()})
+        if self.seed is not None and (isinstance(self.seed, bool) or
+                                      not isinstance(self.seed, (int, np.integer)) or
+                                      not 0 <= self.seed <= _MASK):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(temperature=0.0)
+
+    def with_seed(self, seed: int | None = None) -> SamplingParams:
+        """A copy with this seed, or with a fresh OS seed when none is given or set."""
+        if seed is None:
+            seed = self.seed if self.seed is not None else fresh_seed()
+        return replace(self, seed=seed)
+
+    @property
+    def uses_history(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+class KeyedSampler:
+    """Gumbel-max sampling keyed by (seed, position, token id): SAMPLER.md's rule."""
+
+    def sample(self, logits_row: np.ndarray, params: SamplingParams, *, pos: int,
+               history: Sequence[int] = (), n_prompt: int | None = None) -> int:
+        """The token at absolute position `pos`. `history` holds every token before `pos`,
+        the first `n_prompt` of them the prompt (None: all of it)."""
+        return self.sample_window(np.asarray(logits_row)[None], params, pos=pos,
+                                  history=history, n_prompt=n_prompt, drafts=())[0]
+
+    def sample_window(self, rows: np.ndarray, params: SamplingParams, *, pos: int,
+                      history: Sequence[int], n_prompt: int | None = None,
+                      drafts: Sequence[int] = ()) -> list[int]:
+        """Samples for the rows of a verify window: row j is at position pos + j and its
+        history is `history` followed by drafts[:j] (the drafts before it). The tokens equal
+        what `sample` returns for each row alone."""
+        rows = np.asarray(rows)
+        if rows.ndim != 2:
+            raise ValueError(f"expected logits rows [rows, vocab], got shape {rows.shape}")
+        if len(drafts) < rows.shape[0] - 1:
+            raise ValueError(f"{rows.shape[0]} rows need {rows.shape[0] - 1} drafts, "
+                             f"got {len(drafts)}")
+        if params.temperature > 0 and params.seed is None:
+            raise ValueError("params.seed is None: resolve one first with params.with_seed()")
+        past = np.asarray(history, dtype=np.int64)
+        n_prompt = len(past) if n_prompt is None else n_prompt
+        if not 0 <= n_prompt <= len(past):
+            raise ValueError(f"n_prompt {n_prompt} is outside [0, {len(past)}] (history length)")
+        tokens = []
+        candidates = []
+        for j, row in enumerate(rows):
+            row_history = np.concatenate([past, np.asarray(drafts[:j], dtype=np.int64)])
+            x = self.processed(row, params, row_history, n_prompt)
+            if params.temperature == 0:
+                tokens.append(int(np.argmax(x)))
+                continue
+            tokens.append(None)
+            candidates.append((j, *_candidates(x, params)))
+        for j, order, s in candidates:
+            tokens[j] = _gumbel_winner(order, s, params.seed, pos + j)
+        return tokens
+
+    def processed(self, row: np.ndarray, params: SamplingParams, history: np.ndarray,
+                  n_prompt: int) -> np.ndarray:
+        """Step 2 of the draw: the float64 logits after bias and penalties."""
+        x = np.array(row, dtype=np.float32).astype(np.float64)
+        if x.ndim != 1:
+            raise ValueError(f"a logits row must be 1-D, got shape {x.shape}")
+        if np.isnan(x).any():
+            raise ValueError(f"logits row has NaN at token {int(np.flatnonzero(np.isnan(x))[0])}")
+        vocab = x.shape[0]
+        if params.logit_bias:
+            ids = np.fromiter(params.logit_bias, dtype=np.int64)
+            if ids.max() >= vocab:
+                raise ValueError(f"logit_bias token id {int(ids.max())} is outside the "
+                                 f"vocabulary [0, {vocab})")
+            x[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float64)
+        if params.repetition_penalty != 1.0 and history.size:
+            seen = np.unique(history)
+            values = x[seen]
+            x[seen] = np.where(values > 0, values / params.repetition_penalty,
+                               values * params.repetition_penalty)
+        if (params.presence_penalty or params.frequency_penalty) and history.size > n_prompt:
+            ids, counts = np.unique(history[n_prompt:], return_counts=True)
+            x[ids] -= params.presence_penalty + params.frequency_penalty * counts
+        return x
+
+
+def _candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 4-8: the kept candidates in (x descending, id ascending) order and their scaled
+    scores s, leaving out only candidates that provably neither win nor move a top-p sum."""
+    scaled = x / params.temperature
+    best = scaled.max()
+    if not math.isfinite(best):
+        raise ValueError(f"logits row has no finite maximum after processing (max {best})")
+    ids = np.flatnonzero(scaled >= best - _IRRELEVANT_BELOW)
+    # Stable sort on descending x keeps ascending ids among equal values.
+    order = ids[np.argsort(-x[ids], kind="stable")]
+    if 0 < params.top_k < order.size:
+        order = order[: params.top_k]
+    s = scaled[order]
+    if params.top_p < 1.0:
+        keep = _top_p_count(s, params.top_p)
+        order, s = order[:keep], s[:keep]
+    if params.min_p > 0:
+        keep = int(np.count_nonzero(s >= s[0] + math.log(params.min_p)))
+        order, s = order[:keep], s[:keep]
+    return order, s
+
+
+def _top_p_count(s: np.ndarray, top_p: float) -> int:
+    """n + 1 where n is the first index with cumsum(exp(s - s[0]))[n] >= top_p * total."""
+    cumulative = np.cumsum(np.exp(s - s[0]))
+    threshold = top_p * cumulative[-1]
+    n = int(np.searchsorted(cumulative >= threshold, True))
+    near_above = cumulative[n] - threshold <= _NEAR * threshold
+    near_below = n > 0 and threshold - cumulative[n - 1] <= _NEAR * threshold
+    if near_above or near_below:
+        exact = np.cumsum([math.exp(v) for v in (s - s[0]).tolist()])
+        threshold = top_p * exact[-1]
+        n = int(np.argmax(exact >= threshold))
+    return n + 1
+
+
+def _gumbel_winner(order: np.ndarray, s: np.ndarray, seed: int, pos: int) -> int:
+    """Step 9: the kept candidate with the largest s + g; exact ties go to the earlier one."""
+    u = keyed_uniform(seed, pos, order)
+    scores = s - np.log(-np.log(u))
+    best = scores.max()
+    contenders = np.flatnonzero(scores >= best - _NEAR * max(1.0, abs(best)))
+    if contenders.size == 1:
+        return int(order[contenders[0]])
+    exact = [float(s[i]) + gumbel_noise(seed, pos, int(order[i])) for i in contenders]
+    return int(order[contenders[exact.index(max(exact))]])

@@ -149,8 +149,10 @@ class KeyedSampler:
                       history: Sequence[int], n_prompt: int | None = None,
                       drafts: Sequence[int] = ()) -> list[int]:
         """Samples for the rows of a verify window: row j is at position pos + j and its
-        history is `history` followed by drafts[:j] (the drafts before it). The tokens equal
-        what `sample` returns for each row alone."""
+        history is `history` followed by drafts[:j]. Sampling stops at the first row whose
+        sample differs from its draft (later rows assume a draft that was rejected), so the
+        result is drafts[:n] followed by the target's own token at row n. Each token equals
+        what `sample` returns for that row alone."""
         rows = np.asarray(rows)
         if rows.ndim != 2:
             raise ValueError(f"expected logits rows [rows, vocab], got shape {rows.shape}")
@@ -163,18 +165,22 @@ class KeyedSampler:
         n_prompt = len(past) if n_prompt is None else n_prompt
         if not 0 <= n_prompt <= len(past):
             raise ValueError(f"n_prompt {n_prompt} is outside [0, {len(past)}] (history length)")
-        tokens = []
-        candidates = []
+        if params.temperature == 0 and not params.logit_bias and not params.uses_history:
+            # Widening float32 to float64 keeps the order and ties, so one argmax serves all rows.
+            if np.isnan(rows).any():
+                raise ValueError("logits rows contain NaN")
+            return _accept_while_equal(np.argmax(rows, axis=1).tolist(), drafts)
+        tokens: list[int] = []
         for j, row in enumerate(rows):
             row_history = np.concatenate([past, np.asarray(drafts[:j], dtype=np.int64)])
             x = self.processed(row, params, row_history, n_prompt)
             if params.temperature == 0:
-                tokens.append(int(np.argmax(x)))
-                continue
-            tokens.append(None)
-            candidates.append((j, *_candidates(x, params)))
-        for j, order, s in candidates:
-            tokens[j] = _gumbel_winner(order, s, params.seed, pos + j)
+                token = int(np.argmax(x))
+            else:
+                token = _gumbel_winner(*_candidates(x, params), params.seed, pos + j)
+            tokens.append(token)
+            if j >= len(drafts) or token != drafts[j]:
+                break
         return tokens
 
     def processed(self, row: np.ndarray, params: SamplingParams, history: np.ndarray,
@@ -201,6 +207,13 @@ class KeyedSampler:
             ids, counts = np.unique(history[n_prompt:], return_counts=True)
             x[ids] -= params.presence_penalty + params.frequency_penalty * counts
         return x
+
+
+def _accept_while_equal(samples: list[int], drafts: Sequence[int]) -> list[int]:
+    for j, token in enumerate(samples):
+        if j >= len(drafts) or token != drafts[j]:
+            return samples[: j + 1]
+    return samples
 
 
 def _candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

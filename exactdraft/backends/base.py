@@ -139,7 +139,6 @@ def get_backend(name: str | Backend = "auto", device: str | None = None,
         device = device or auto_device
     _load_builtin(name)
     if name not in _FACTORIES:
-        raise BackendError(
-            f"unknown backend {name!r}; known: {', '.join(sorted(set(_FACTORIES) | {'torch', 'mlx'}))}"
-        )
+        known = ", ".join(sorted(set(_FACTORIES) | {"torch", "mlx"}))
+        raise BackendError(f"unknown backend {name!r}; known: {known}")
     return _FACTORIES[name](device=device, dtype=dtype)

@@ -6,8 +6,8 @@ load-time guard and the per-op tests re-check on every machine rather than trust
 - MKL's `x @ W` (and batched `@`) gives a row the same bits for every row count that is a
   multiple of 4, so every matmul pads its rows up to a multiple of 4 and makes one call;
 - correctly rounded elementwise ops (+, *, /, sqrt) and torch's exp are position independent,
-  while torch's vectorised rsqrt and sigmoid are not (their scalar tails round differently), so
-  rms_norm divides by a square root and silu is x / (1 + exp(-x));
+  while torch's vectorised sigmoid and silu are not (an element's bits depend on where it sits
+  in the tensor), so silu is written as x / (1 + exp(-x));
 - reductions over a contiguous last dimension of fixed length are row independent.
 Attention scores all keys with one padded matmul, subtracts the row's exact maximum, and then
 adds fixed blocks of `key_block` keys, aligned to absolute positions, in block order; a row's

@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency scaling (rope_type "llama3"); "linear" divides positions by factor."""
+    """Rotary frequency scaling: rope_type "llama3" (Llama 3.1 style) or "linear"."""
 
     rope_type: str
     factor: float = 1.0

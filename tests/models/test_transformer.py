@@ -1,0 +1,119 @@
+"""The Transformer against Hugging Face's own implementation, and its row invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactdraft.guard import probe_tokens
+from tests.conftest import VARIANTS, read_config
+
+
+def hf_logits(folder: str, tokens: list[int]) -> np.ndarray:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_match_transformers(variant, tiny_checkpoints, tiny_targets):
+    folder, target = tiny_checkpoints[variant], tiny_targets[variant]
+    tokens = probe_tokens(90, target.vocab_size, salt=3)  # longer than every sliding window
+    ours = target.forward(target.new_state(), tokens, rows="all")
+    reference = hf_logits(folder, tokens)
+    scale = np.abs(reference).max()
+    assert scale > 1.0  # the fixture's weights give logits that spread over several units
+    assert np.abs(ours - reference).max() <= 2e-5 * scale, variant
+
+
+def test_sliding_window_is_read_from_config(tiny_checkpoints, tiny_targets):
+    assert tiny_targets["mistral"].config.sliding_windows == (24, 24)
+    assert tiny_targets["qwen2-window"].config.sliding_windows == (0, 16)
+    assert read_config(tiny_checkpoints["qwen2"])["use_sliding_window"] is False
+    assert tiny_targets["qwen2"].config.sliding_windows == (0, 0)
+
+
+def single_steps(target, prefix: list[int], tokens: list[int]) -> list[np.ndarray]:
+    state = target.new_state()
+    target.forward(state, prefix)
+    return [target.forward(state, [t], rows="last")[0] for t in tokens]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_verify_window_equals_single_steps(variant, tiny_targets):
+    target = tiny_targets[variant]
+    block = target.backend.key_block
+    # The prefix ends just before a key block boundary, so windows straddle it.
+    prefix = probe_tokens(block - 5, target.vocab_size, salt=1)
+    window = probe_tokens(16, target.vocab_size, salt=2)
+    singles = single_steps(target, prefix, window)
+    state = target.new_state()
+    target.forward(state, prefix)
+    for width in range(1, 17):
+        target.truncate(state, len(prefix))
+        rows = target.forward(state, window[:width], rows="all")
+        for row in range(width):
+            assert rows[row].tobytes() == singles[row].tobytes(), (variant, width, row)
+
+
+@pytest.mark.parametrize("variant", ["llama", "mistral", "qwen3"])
+def test_rows_last_is_last_of_rows_all(variant, tiny_targets):
+    target = tiny_targets[variant]
+    tokens = probe_tokens(37, target.vocab_size, salt=4)
+    every = target.forward(target.new_state(), tokens, rows="all")
+    last = target.forward(target.new_state(), tokens, rows="last")
+    assert last.shape == (1, target.vocab_size)
+    assert last[0].tobytes() == every[-1].tobytes()
+
+
+@pytest.mark.parametrize("variant", ["llama", "mistral", "qwen2-window", "qwen3"])
+@pytest.mark.parametrize("chunks", [[1] * 20, [7, 250, 43], [256, 44], [3, 5, 11, 281]])
+def test_chunked_prefill_equals_one_pass(variant, chunks, tiny_targets):
+    target = tiny_targets[variant]
+    tokens = probe_tokens(sum(chunks), target.vocab_size, salt=5)
+    whole_state = target.new_state()
+    whole = target.forward(whole_state, tokens, rows="all")
+    state = target.new_state()
+    begin = 0
+    for size in chunks:
+        rows = target.forward(state, tokens[begin:begin + size], rows="all")
+        for row in range(size):
+            assert rows[row].tobytes() == whole[begin + row].tobytes(), (variant, begin + row)
+        begin += size
+    for layer in range(target.config.num_layers):
+        for ours, theirs in ((state.cache.keys, whole_state.cache.keys),
+                             (state.cache.values, whole_state.cache.values)):
+            a = ours[layer][:, :begin].numpy()
+            b = theirs[layer][:, :begin].numpy()
+            assert a.tobytes() == b.tobytes(), (variant, layer)
+
+
+def test_rollback_then_continue_equals_fresh_run(tiny_targets):
+    target = tiny_targets["llama"]
+    tokens = probe_tokens(40, target.vocab_size, salt=6)
+    fresh = target.forward(target.new_state(), tokens, rows="all")
+    state = target.new_state()
+    target.forward(state, tokens[:30])
+    target.forward(state, probe_tokens(7, target.vocab_size, salt=7), rows="all")  # rejected
+    target.truncate(state, 30)
+    again = target.forward(state, tokens[30:], rows="all")
+    assert again.tobytes() == fresh[30:].tobytes()
+
+
+def test_negative_control_unpadded_model_breaks_invariance(tiny_checkpoints):
+    """The same check fails for a model on a backend that uses torch's plain ops, so the
+    invariance tests above can fail."""
+    from exactdraft.loading.checkpoint import build_target, load_folder
+    from tests.inexact import InexactTorchBackend
+
+    target = build_target(load_folder(tiny_checkpoints["llama"]), InexactTorchBackend())
+    prefix = probe_tokens(20, target.vocab_size, salt=1)
+    window = probe_tokens(8, target.vocab_size, salt=2)
+    singles = single_steps(target, prefix, window)
+    state = target.new_state()
+    target.forward(state, prefix)
+    rows = target.forward(state, window, rows="all")
+    assert any(rows[i].tobytes() != singles[i].tobytes() for i in range(8))

@@ -1,0 +1,201 @@
+"""KeyedSampler against SAMPLER.md: golden vectors, a literal reference, and validation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exactdraft.sampling import (
+    KeyedSampler,
+    SamplingParams,
+    gumbel_noise,
+    keyed_uniform,
+    noise_key,
+)
+
+LOGITS = np.array([2.0, 1.0, 0.5, 2.0, -1.0, 0.0, 1.5, 0.25], dtype=np.float32)
+
+
+def draws(params, positions, history=(), n_prompt=None):
+    sampler = KeyedSampler()
+    return [sampler.sample(LOGITS, params, pos=p, history=history, n_prompt=n_prompt)
+            for p in positions]
+
+
+@pytest.mark.parametrize("seed,pos,tok,key,u", [
+    (0, 0, 0, 0x33fe8bd4f9c57863, 0.20310281705476102),
+    (42, 7, 3, 0x93262a4b77f53d1b, 0.574801104950855),
+    (2**64 - 1, 123456, 151935, 0x28e5cf218744d4e8, 0.15975660866321856),
+])
+def test_golden_keys_and_uniforms(seed, pos, tok, key, u):
+    assert noise_key(seed, pos, tok) == key
+    assert keyed_uniform(seed, pos, [tok])[0] == u
+
+
+def test_golden_gumbel():
+    assert gumbel_noise(0, 0, 0) == -0.4662735186548661
+    assert gumbel_noise(42, 7, 3) == 0.5910759041008717
+
+
+GOLDEN_1234 = [
+    (dict(temperature=0), "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0"),
+    (dict(temperature=1.0), "3 3 3 0 1 0 6 0 6 1 0 6 6 6 3 3"),
+    (dict(temperature=0.7, top_k=3), "3 3 3 0 0 0 6 0 0 3 0 6 6 6 3 3"),
+    (dict(temperature=1.0, top_p=0.5), "3 3 3 0 0 0 0 0 0 3 0 3 3 0 3 3"),
+    (dict(temperature=1.5, min_p=0.2), "7 1 3 0 1 0 5 0 6 1 0 2 6 6 3 1"),
+    (dict(temperature=1.0, top_k=5, top_p=0.9, min_p=0.05), "3 3 3 0 1 0 6 0 6 1 0 6 6 6 3 3"),
+]
+
+GOLDEN_99 = [
+    (dict(temperature=0, repetition_penalty=1.3), "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0"),
+    (dict(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.25),
+     "0 3 6 1 0 0 6 3 3 0 1 0 3 0 7 1"),
+    (dict(temperature=0.8, logit_bias={4: 3.0, 0: -1.0}), "0 3 6 1 4 6 6 3 3 3 1 4 4 0 7 1"),
+]
+
+
+@pytest.mark.parametrize("settings_,expected", GOLDEN_1234)
+def test_golden_draws_seed_1234(settings_, expected):
+    params = SamplingParams(seed=1234, **settings_)
+    assert draws(params, range(10, 26)) == [int(t) for t in expected.split()]
+
+
+@pytest.mark.parametrize("settings_,expected", GOLDEN_99)
+def test_golden_draws_with_history(settings_, expected):
+    params = SamplingParams(seed=99, **settings_)
+    got = draws(params, range(5, 21), history=[0, 3, 3, 6, 1], n_prompt=2)
+    assert got == [int(t) for t in expected.split()]
+
+
+def reference_sample(logits, params, pos, history, n_prompt):
+    """SAMPLER.md transcribed literally: full sort, Python math, no shortcuts."""
+    x = [float(v) for v in np.asarray(logits, dtype=np.float32)]
+    for token, bias in params.logit_bias.items():
+        x[token] += bias
+    if params.repetition_penalty != 1.0:
+        for t in set(history):
+            penalty = params.repetition_penalty
+            x[t] = x[t] / penalty if x[t] > 0 else x[t] * penalty
+    output = list(history[n_prompt:])
+    for t in set(output):
+        x[t] -= params.presence_penalty + params.frequency_penalty * output.count(t)
+    if params.temperature == 0:
+        return max(range(len(x)), key=lambda t: (x[t], -t))
+    order = sorted(range(len(x)), key=lambda t: (-x[t], t))
+    if 0 < params.top_k < len(x):
+        order = order[:params.top_k]
+    s = [x[t] / params.temperature for t in order]
+    if params.top_p < 1:
+        e = [math.exp(v - s[0]) for v in s]
+        c = list(np.cumsum(e))
+        n = next(i for i, v in enumerate(c) if v >= params.top_p * c[-1])
+        order, s = order[:n + 1], s[:n + 1]
+    if params.min_p > 0:
+        keep = [i for i, v in enumerate(s) if v >= s[0] + math.log(params.min_p)]
+        order, s = [order[i] for i in keep], [s[i] for i in keep]
+    scores = [v + gumbel_noise(params.seed, pos, t) for v, t in zip(s, order)]
+    return order[scores.index(max(scores))]
+
+
+logit_rows = st.integers(2, 300).flatmap(lambda v: st.lists(
+    st.one_of(st.floats(-30, 30, width=32), st.sampled_from([0.0, 1.0, 2.5, -60.0])),
+    min_size=v, max_size=v))
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=logit_rows, temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.5, 7.0]),
+       top_k=st.sampled_from([0, 1, 3, 50]), top_p=st.sampled_from([1.0, 0.9, 0.5, 0.01]),
+       min_p=st.sampled_from([0.0, 0.05, 0.5]),
+       repetition=st.sampled_from([1.0, 1.3, 0.7]),
+       presence=st.sampled_from([0.0, 0.5]), frequency=st.sampled_from([0.0, 0.25]),
+       seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 10**6),
+       history=st.lists(st.integers(0, 1), max_size=12), n_prompt_fraction=st.floats(0, 1))
+def test_matches_literal_reference(row, temperature, top_k, top_p, min_p, repetition, presence,
+                                   frequency, seed, pos, history, n_prompt_fraction):
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition, presence_penalty=presence,
+                            frequency_penalty=frequency, logit_bias={1: 0.5}, seed=seed)
+    logits = np.array(row, dtype=np.float32)
+    n_prompt = int(n_prompt_fraction * len(history))
+    ours = KeyedSampler().sample(logits, params, pos=pos, history=history, n_prompt=n_prompt)
+    assert ours == reference_sample(logits, params, pos, history, n_prompt)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**63), temperature=st.sampled_from([0.0, 0.7, 1.0]),
+       presence=st.sampled_from([0.0, 0.8]), width=st.integers(1, 9), data=st.data())
+def test_window_equals_rows_sampled_alone(seed, temperature, presence, width, data):
+    rng = np.random.default_rng(seed % 2**32)
+    rows = (rng.standard_normal((width, 64)) * 3).astype(np.float32)
+    history = rng.integers(0, 64, 10).tolist()
+    params = SamplingParams(temperature=temperature, presence_penalty=presence, seed=seed)
+    sampler = KeyedSampler()
+    alone = []
+    for j in range(width):
+        alone.append(sampler.sample(rows[j], params, pos=10 + j, history=history + alone,
+                                    n_prompt=4))
+    # Drafts equal to the row samples are all accepted; a wrong draft stops the window there.
+    assert sampler.sample_window(rows, params, pos=10, history=history, n_prompt=4,
+                                 drafts=alone[:-1]) == alone
+    wrong_at = data.draw(st.integers(0, width - 1))
+    if wrong_at < width - 1:
+        drafts = list(alone[:-1])
+        drafts[wrong_at] = (drafts[wrong_at] + 1) % 64
+        window = sampler.sample_window(rows, params, pos=10, history=history, n_prompt=4,
+                                       drafts=drafts)
+        assert window == alone[:wrong_at + 1]
+
+
+def test_near_tie_is_decided_by_math_log(monkeypatch):
+    """Two candidates whose noisy scores agree to float rounding: the fast path must hand the
+    decision to Python's math module, and the earlier candidate wins an exact tie."""
+    from exactdraft import sampling
+
+    seed, pos = 5, 3
+    g0, g1 = gumbel_noise(seed, pos, 0), gumbel_noise(seed, pos, 1)
+    s = np.array([0.0, g0 - g1])  # scores 0 + g0 and (g0 - g1) + g1: equal up to rounding
+    calls = []
+    monkeypatch.setattr(sampling, "gumbel_noise",
+                        lambda *a: calls.append(a) or gumbel_noise(*a))
+    winner = sampling._gumbel_winner(np.array([0, 1]), s, seed, pos)
+    exact = [0.0 + g0, (g0 - g1) + g1]
+    assert len(calls) == 2
+    assert winner == (0 if exact[0] >= exact[1] else 1)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
+    ("top_k", -1), ("top_k", 2.5), ("min_p", -0.1), ("min_p", 1.01),
+    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("seed", -1), ("seed", 2**64),
+    ("presence_penalty", float("inf")),
+])
+def test_invalid_params_name_the_value(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_invalid_logit_bias():
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={-1: 1.0})
+    params = SamplingParams(logit_bias={100: 1.0}, seed=0)
+    with pytest.raises(ValueError, match="100"):
+        KeyedSampler().sample(LOGITS, params, pos=0)
+
+
+def test_unresolved_seed_is_refused_and_with_seed_resolves():
+    with pytest.raises(ValueError, match="seed"):
+        KeyedSampler().sample(LOGITS, SamplingParams(temperature=1.0), pos=0)
+    resolved = SamplingParams(temperature=1.0).with_seed()
+    assert 0 <= resolved.seed < 2**63
+    assert SamplingParams(seed=3).with_seed().seed == 3
+
+
+def test_nan_logits_are_refused():
+    row = LOGITS.copy()
+    row[2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        KeyedSampler().sample(row, SamplingParams(seed=0), pos=0)

@@ -53,7 +53,28 @@ def build_tiny_checkpoint(folder: str, variant: str, seed: int = 0, **overrides)
             else:
                 parameter.copy_(noise * (1.2 / parameter.shape[-1] ** 0.5))
     model.save_pretrained(folder)
+    write_tiny_tokenizer(folder, settings["vocab_size"])
     return folder
+
+
+def write_tiny_tokenizer(folder: str, vocab_size: int) -> None:
+    """A character-level tokenizer.json (and tokenizer_config.json) for the tiny models:
+    <unk>, <s>, </s>, then printable ASCII, newline and tab, padded with <extra_i>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    pieces += [f"<extra_{i}>" for i in range(vocab_size - len(pieces))]
+    tokenizer = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, "<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as handle:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                   "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": False,
+                   "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+                                    "</s>{% endfor %}{% if add_generation_prompt %}<assistant>"
+                                    "{% endif %}"}, handle)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exactdraft.loading.affine import AffineTensors, quantization_settings
 from exactdraft.loading.hub import looks_like_hub_id, snapshot_folder
 from exactdraft.loading.safetensors_file import CheckpointError, SafetensorsTensors
 from exactdraft.models.config import ModelConfig
@@ -85,7 +86,10 @@ def load_folder(folder: str) -> Checkpoint:
         except json.JSONDecodeError as error:
             raise CheckpointError(f"{config_path}: invalid JSON ({error})") from None
     config = ModelConfig.from_hf_dict(raw)
-    tensors = SafetensorsTensors(_safetensors_files(folder))
+    tensors: Mapping[str, Any] = SafetensorsTensors(_safetensors_files(folder))
+    quantization = quantization_settings(raw)
+    if quantization is not None:
+        tensors = AffineTensors(tensors, **quantization)
     tokenizer = None
     if os.path.isfile(os.path.join(folder, "tokenizer.json")):
         from exactdraft.loading.tokenizer import Tokenizer

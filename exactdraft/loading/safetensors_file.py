@@ -3,7 +3,8 @@
 Invariant: a tensor is handed out only after the whole header has been checked against the file
 (every dtype known, every byte range inside the data section and matching its shape), so a
 truncated or corrupt file fails at open with the file and tensor named, never mid-model.
-Tensors are memory-mapped; float16 and bfloat16 are widened to float32 exactly on access.
+Tensors are memory-mapped; float16 and bfloat16 are widened to float32 exactly on access, and
+integer tensors (packed quantized weights) are handed out as stored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 _DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-    "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+    "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U32": np.dtype("<u4"),
     "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
 _MAX_HEADER = 100 * 1024 * 1024
@@ -85,7 +86,7 @@ def read_header(path: str) -> dict[str, TensorEntry]:
 
 
 class SafetensorsTensors(Mapping):
-    """Name -> float32 numpy array (lazily read) over one or more safetensors files."""
+    """Name -> numpy array (lazily read) over one or more safetensors files."""
 
     def __init__(self, paths: list[str]) -> None:
         self.entries: dict[str, TensorEntry] = {}
@@ -101,7 +102,9 @@ class SafetensorsTensors(Mapping):
         raw = raw.reshape(entry.shape)
         if entry.dtype == "BF16":
             return bf16_to_float32(raw)
-        return raw.astype(np.float32) if entry.dtype != "F32" else raw
+        if entry.dtype in ("F16", "F64"):
+            return raw.astype(np.float32)
+        return raw  # float32 as stored; integer tensors (packed quantized weights) untouched
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.entries[name].shape

@@ -22,7 +22,8 @@ def weight_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     shape_of = getattr(tensors, "shape", None)
     if callable(shape_of):
         return tuple(shape_of(name))
-    return tuple(np.shape(tensors[name]))
+    value = tensors[name]
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
 
 
 def stack_rows(parts: Sequence[Any]) -> Any:
@@ -93,3 +94,82 @@ class QuantizedTensor:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         dense = self.dequantize()
         return dense if dtype is None else dense.astype(dtype)
+
+
+class AffineQuantizedTensor:
+    """A matrix [N, K] in MLX's affine layout: w = scale * q + bias per group of `group_size`
+    consecutive weights along K, with q unsigned `bits`-bit integers packed little-end first
+    into uint32 words (`packed` is uint32 [N, K * bits / 32]; scales, biases [N, K / group])."""
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray,
+                 group_size: int, bits: int) -> None:
+        if bits not in (4, 8):
+            raise WeightError(f"affine quantization with {bits} bits is not supported (4, 8)")
+        if group_size not in (32, 64, 128):
+            raise WeightError(f"affine group size {group_size} is not supported (32, 64, 128)")
+        rows = packed.shape[0]
+        cols = packed.shape[1] * 32 // bits
+        groups = (rows, cols // group_size)
+        if packed.dtype != np.uint32 or scales.shape != groups or biases.shape != groups:
+            raise WeightError(f"affine weight of {bits} bits, group {group_size}: packed "
+                              f"{packed.dtype}{packed.shape} does not fit scales {scales.shape} "
+                              f"and biases {biases.shape}")
+        self.packed, self.group_size, self.bits = packed, group_size, bits
+        self.scales = np.asarray(scales, dtype=np.float32)
+        self.biases = np.asarray(biases, dtype=np.float32)
+        self.shape = (rows, cols)
+
+    def __repr__(self) -> str:
+        return (f"AffineQuantizedTensor(shape={self.shape}, bits={self.bits}, "
+                f"group_size={self.group_size})")
+
+    def levels(self) -> np.ndarray:
+        """The unsigned integers q, uint8 [N, K]."""
+        per_word = 32 // self.bits
+        shifts = np.arange(per_word, dtype=np.uint32) * self.bits
+        values = (self.packed[..., None] >> shifts) & ((1 << self.bits) - 1)
+        return values.reshape(self.shape).astype(np.uint8)
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.shape
+        grouped = self.levels().reshape(rows, cols // self.group_size, self.group_size)
+        values = grouped.astype(np.float32) * self.scales[..., None] + self.biases[..., None]
+        return values.reshape(rows, cols)
+
+    def stack_rows(self, others: Sequence[Any]) -> Any:
+        parts = [self, *others]
+        if all(isinstance(p, AffineQuantizedTensor) and (p.bits, p.group_size, p.shape[1]) ==
+               (self.bits, self.group_size, self.shape[1]) for p in parts):
+            return AffineQuantizedTensor(np.concatenate([p.packed for p in parts]),
+                                         np.concatenate([p.scales for p in parts]),
+                                         np.concatenate([p.biases for p in parts]),
+                                         self.group_size, self.bits)
+        return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        dense = self.dequantize()
+        return dense if dtype is None else dense.astype(dtype)
+
+
+def affine_from_blocks(weight: QuantizedTensor) -> AffineQuantizedTensor:
+    """The same matrix in MLX's affine layout (group 32), losslessly: q4_1 is w = d*q + m,
+    q4_0 is d*q - 8d and q8_0 is d*(q + 128) - 128d with q shifted to unsigned."""
+    rows, cols = weight.shape
+    blocks = weight.data.reshape(rows, cols // BLOCK_SIZE, BLOCK_BYTES[weight.format])
+    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    if weight.format == "q8_0":
+        levels = (blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        bias, bits = -128.0 * scale, 8
+    else:
+        packed = blocks[..., 4:] if weight.format == "q4_1" else blocks[..., 2:]
+        levels = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+        if weight.format == "q4_1":
+            bias = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+        else:
+            bias = -8.0 * scale
+        bits = 4
+    per_word = 32 // bits
+    words = levels.reshape(rows, cols // per_word, per_word).astype(np.uint32)
+    shifts = np.arange(per_word, dtype=np.uint32) * bits
+    packed_words = np.bitwise_or.reduce(words << shifts, axis=-1).astype(np.uint32)
+    return AffineQuantizedTensor(packed_words, scale, bias, BLOCK_SIZE, bits)

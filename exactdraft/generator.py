@@ -90,7 +90,9 @@ class Generator:
     def __init__(self, target: Target, drafter: Drafter | None = None,
                  verifier: Verifier | None = None, sampler: KeyedSampler | None = None,
                  tokenizer: Any | None = None, *, strict: bool = False,
-                 prefill_chunk: int = 512) -> None:
+                 prefill_chunk: int = 512, guard: bool = True) -> None:
+        """`guard=False` skips the load-time row-invariance check and drafts regardless; it
+        exists for measuring exactness empirically (exactdraft check), not for production."""
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) \
                 or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
@@ -107,7 +109,8 @@ class Generator:
             if draft_vocab != target.vocab_size:
                 raise ValueError(f"the drafter's vocabulary ({draft_vocab}) differs from the "
                                  f"target's ({target.vocab_size})")
-            self.drafting_note = check_row_invariance(target, drafter.max_draft + 1)
+            if guard:
+                self.drafting_note = check_row_invariance(target, drafter.max_draft + 1)
             if self.drafting_note is not None:
                 message = f"drafting is off, output would not be exact: {self.drafting_note}"
                 if strict:

@@ -26,7 +26,7 @@ def test_from_pretrained_folder_runs(tiny_checkpoints):
     generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], backend="torch",
                                              drafter=xd.PromptLookup())
     result = generator.generate([1, 2, 3, 1, 2, 3], 8, xd.SamplingParams(seed=0))
-    assert len(result.tokens) >= 1 and result.text is None
+    assert len(result.tokens) >= 1 and isinstance(result.text, str)
 
 
 def test_sharded_checkpoint_equals_single_file(tmp_path, tiny_checkpoints):

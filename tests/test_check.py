@@ -1,0 +1,85 @@
+"""The exactness harness and the `exactdraft check` command, including a case that must fail."""
+
+from __future__ import annotations
+
+import pytest
+
+import exactdraft as xd
+from exactdraft.backends.base import register_backend
+from exactdraft.check import check_exactness, first_divergence
+from exactdraft.cli import main
+from tests.inexact import InexactTorchBackend
+
+
+@pytest.fixture(scope="module", autouse=True)
+def inexact_backend_registered():
+    register_backend("torch-inexact",
+                     lambda device=None, dtype=None: InexactTorchBackend(coarse=True,
+                                                                         dtype=dtype))
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_check_passes_on_an_exact_backend(tiny_targets):
+    generator = xd.Generator(tiny_targets["llama"], xd.PromptLookup(min_match=1))
+    report = check_exactness(generator, [[5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]], range(3),
+                             [xd.SamplingParams(temperature=t) for t in (0.0, 1.0)], 20)
+    assert report.passed and len(report.cases) == 12
+    assert [row["cases"] for row in report.rows()] == [6, 6]
+    assert "identical" in report.table()
+
+
+def test_check_finds_the_divergence_on_an_inexact_backend(tiny_checkpoints):
+    with pytest.warns(RuntimeWarning):
+        generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"],
+                                                 backend="torch-inexact",
+                                                 drafter=xd.PromptLookup(min_match=1))
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(30, 60)) * 2]
+    report = check_exactness(generator, prompts, range(4),
+                             [xd.SamplingParams(temperature=t) for t in (0.0, 1.0)], 40)
+    assert report.drafting_note is not None
+    assert not report.passed
+    failure = next(c for c in report.cases if not c.identical).divergence
+    assert failure.drafted_token != failure.serial_token
+    assert failure.logits_max_difference is None or failure.logits_max_difference > 0
+    assert "first difference at output token" in report.failures()
+
+
+def test_cli_check_exit_status(tiny_checkpoints, capsys):
+    folder = tiny_checkpoints["llama"]
+    assert main(["check", folder, "--backend", "torch", "--seeds", "2", "--max-new-tokens",
+                 "16", "--temperatures", "0,0.8"]) == 0
+    assert "all 20 cases identical" in capsys.readouterr().out  # 5 prompts x 2 seeds x 2
+    with pytest.warns(RuntimeWarning):
+        status = main(["check", folder, "--backend", "torch-inexact", "--seeds", "4",
+                       "--max-new-tokens", "40", "--temperatures", "0,1", "--raw"])
+    assert status == 1
+    assert "first difference" in capsys.readouterr().out
+
+
+def test_cli_generate_and_compare(tiny_checkpoints, capsys):
+    status = main(["generate", tiny_checkpoints["qwen2"], "--backend", "torch", "--prompt",
+                   "abcabcabc", "--temperature", "0.6", "--seed", "5", "--max-new-tokens", "12",
+                   "--compare"])
+    captured = capsys.readouterr()
+    assert status == 0
+    assert "identical: yes" in captured.err and "seed 5" in captured.err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "/no/such/model", "--prompt", "x"], "no model at"),
+    (["generate", "TINY", "--backend", "torch", "--chat", "hi", "--temperature", "-1"],
+     "temperature"),
+    (["generate", "TINY", "--backend", "nonesuch", "--prompt", "hi"], "unknown backend"),
+    (["generate", "TINY", "--backend", "torch", "--drafter", "magic", "--prompt", "hi"],
+     "unknown drafter"),
+])
+def test_cli_errors_are_one_line(tiny_checkpoints, capsys, argv, needle):
+    argv = [tiny_checkpoints["llama"] if a == "TINY" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("exactdraft: error:") and needle in err[0]

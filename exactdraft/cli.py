@@ -43,6 +43,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                              "or none")
     parser.add_argument("--max-draft", type=int, default=None,
                         help="most drafts per pass (default: 8 for lookup, 4 for a model)")
+    parser.add_argument("--quantized", action="store_true",
+                        help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks (less memory "
+                             "traffic) instead of dequantizing them to float32")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +95,8 @@ def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
 def _generator(args: argparse.Namespace) -> Any:
     import exactdraft as xd
 
-    options = dict(backend=args.backend, device=args.device, dtype=args.dtype)
+    options = dict(backend=args.backend, device=args.device, dtype=args.dtype,
+                   keep_quantized=args.quantized)
     return xd.Generator.from_pretrained(args.model, drafter=_drafter(args.drafter,
                                                                      args.max_draft, options),
                                         **options)

@@ -86,11 +86,32 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tiny_targets(tiny_checkpoints):
-    """variant name -> Transformer on the torch CPU backend (float32)."""
+    """variant name -> Transformer on the default torch CPU backend (float32)."""
     from exactdraft.loading.checkpoint import build_target, load_folder
 
     return {variant: build_target(load_folder(folder), "torch")
             for variant, folder in tiny_checkpoints.items()}
+
+
+BACKENDS = ["torch", "torch-padded", "mlx"]
+
+
+@pytest.fixture(scope="session")
+def targets_by_backend(tiny_checkpoints, tiny_targets):
+    """(backend name, variant) -> Transformer, built on first use."""
+    from exactdraft.loading.checkpoint import build_target, load_folder
+
+    built = {("torch", variant): target for variant, target in tiny_targets.items()}
+
+    def get(backend: str, variant: str):
+        if backend == "mlx":
+            pytest.importorskip("mlx.core", reason="mlx is not installed")
+        if (backend, variant) not in built:
+            built[backend, variant] = build_target(load_folder(tiny_checkpoints[variant]),
+                                                   backend)
+        return built[backend, variant]
+
+    return get
 
 
 def read_config(folder: str) -> dict:

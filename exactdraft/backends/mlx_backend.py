@@ -5,29 +5,64 @@ call. On device "cpu" that rests on MLX's CPU build, whose matmul, quantized mat
 and elementwise ops were measured row invariant (a reference BLAS, no row-count dispatch); the
 load-time guard re-checks it on the loaded weights every time, because a new MLX release may
 change it. On device "gpu" MLX's own quantized matmul and attention pick kernels by row count,
-so linear, rms_norm and attention run through the shaders in csrc/metal instead. Attention on
-either device reduces keys in fixed blocks aligned to absolute positions, exactly as the torch
-backend does, so keys past a row's own position never change its bits.
+so linear, rms_norm and attention run through the shaders in csrc/metal instead
+(exactdraft.kernels.metal), whose launch configuration follows from shapes and dtypes alone.
+`shaders="emulator"` runs those same shader bodies through the C++ emulator on any device, so
+the model path of device "gpu" can be exercised where no Metal device exists.
+
+Attention on MLX's own ops reduces keys in fixed blocks aligned to absolute positions, exactly
+as the torch backend does; the attention shader uses 64-key chunks aligned the same way. Either
+way keys past a row's own position never change its bits.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from exactdraft.backends.base import BackendError, register_backend
 from exactdraft.models.weights import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
+if TYPE_CHECKING:
+    from exactdraft.kernels.metal import MetalShaders
+
 # MLX releases whose CPU ops (and, on Apple Silicon, whose metal_kernel interface) this backend
 # was checked against. Others still run, but only after the load-time guard passes.
 CHECKED_MLX_VERSIONS = ("0.32.4",)
+SHADER_ENGINES = ("metal", "emulator")
+SHADER_GROUP_SIZES = (32, 64)  # the affine group sizes the quantized matmul shader takes
+MLX_KEY_BLOCK = 256  # key block of attention on MLX's own ops
 
 
 def _mx():
     import mlx.core as mx
 
     return mx
+
+
+def warn_if_unchecked_mlx() -> None:
+    """Warn when the installed MLX is not one of CHECKED_MLX_VERSIONS: its Metal interface and
+    elementwise kernels were not checked here, so only the load-time guard vouches for it."""
+    version = str(_mx().__version__)
+    if version not in CHECKED_MLX_VERSIONS:
+        warnings.warn(f"MLX {version} was not checked with exactdraft's Metal path (checked: "
+                      f"{', '.join(CHECKED_MLX_VERSIONS)}); the load-time row-invariance guard "
+                      "will decide whether drafting stays on (it runs whenever a drafter is set)",
+                      RuntimeWarning, stacklevel=3)
+
+
+def split_groups(weight: AffineQuantizedTensor, group_size: int) -> AffineQuantizedTensor:
+    """The same matrix with every group cut into groups of `group_size` that share its scale
+    and bias: the weight values are unchanged, only the layout the shader reads."""
+    if weight.group_size % group_size:
+        raise BackendError(f"affine group size {weight.group_size} is not a multiple of "
+                           f"{group_size}")
+    repeat = weight.group_size // group_size
+    return AffineQuantizedTensor(weight.packed, np.repeat(weight.scales, repeat, axis=1),
+                                 np.repeat(weight.biases, repeat, axis=1), group_size,
+                                 weight.bits)
 
 
 class QuantizedLinear:
@@ -43,10 +78,15 @@ class QuantizedLinear:
 
 
 class MLXBackend:
+    """Row-invariant ops on MLX arrays. `shaders`: None for MLX's own ops on device "cpu" and
+    the Metal shaders on device "gpu"; "metal" or "emulator" to pick the shader engine (or a
+    ready exactdraft.kernels.metal.MetalShaders, e.g. one with its own emulator cache)."""
+
     name = "mlx"
 
     def __init__(self, device: str | None = None, dtype: str | None = None,
-                 key_block: int = 256, quantized: bool = True) -> None:
+                 key_block: int | None = None, quantized: bool = True,
+                 shaders: str | MetalShaders | None = None) -> None:
         mx = _mx()
         self.device = device or "cpu"
         if self.device not in ("cpu", "gpu"):
@@ -57,17 +97,63 @@ class MLXBackend:
                          "float16": mx.float16}.get(self.dtype)
         if self.mx_dtype is None:
             raise BackendError(f"unsupported dtype {self.dtype!r} for the mlx backend")
-        self.key_block = key_block
-        self.quantized = quantized
-        self.kernels = None
         if self.device == "gpu":
-            from exactdraft.kernels import metal
-
-            self.kernels = metal.require_metal()
+            warn_if_unchecked_mlx()
+            if not mx.metal.is_available():
+                raise BackendError("mlx backend device 'gpu' needs MLX with a Metal device, "
+                                   "which this machine lacks (mx.metal.is_available() is False)")
+        self.shaders = self._shader_engine(shaders)
+        self.key_block = self._key_block(key_block)
+        self.quantized = quantized
         mx.set_default_device(mx.gpu if self.device == "gpu" else mx.cpu)
 
+    def _shader_engine(self, shaders: str | MetalShaders | None) -> MetalShaders | None:
+        """The MetalShaders that run linear, rms_norm and attention, or None for MLX's ops."""
+        from exactdraft.kernels.metal import MetalShaderError, MetalShaders
+
+        if shaders is None:
+            shaders = "metal" if self.device == "gpu" else None
+        name = shaders.engine_name if isinstance(shaders, MetalShaders) else shaders
+        if name == "metal" and self.device != "gpu":
+            raise BackendError("the 'metal' shaders run on device 'gpu' only; use "
+                               f"shaders='emulator' on device {self.device!r}")
+        if shaders is None or isinstance(shaders, MetalShaders):
+            engine = shaders
+        elif shaders in SHADER_ENGINES:
+            try:
+                engine = MetalShaders(shaders)
+            except MetalShaderError as error:
+                raise BackendError(f"the mlx backend cannot use the {shaders!r} shaders: "
+                                   f"{error}") from error
+        else:
+            raise BackendError(f"unknown shaders {shaders!r}; use None, "
+                               f"{' or '.join(map(repr, SHADER_ENGINES))}")
+        return engine
+
+    def _key_block(self, key_block: int | None) -> int:
+        """The KV capacity unit: with shaders, the attention shader's chunk (so the guard's probe
+        crosses a chunk boundary), or a multiple of it; otherwise MLX attention's key block."""
+        from exactdraft.kernels.metal import KEY_CHUNK
+
+        if key_block is None:
+            return KEY_CHUNK if self.shaders is not None else MLX_KEY_BLOCK
+        if isinstance(key_block, bool) or not isinstance(key_block, int) or key_block < 1:
+            raise BackendError(f"key_block must be a positive integer, got {key_block!r}")
+        if self.shaders is not None and key_block % KEY_CHUNK:
+            raise BackendError(f"key_block {key_block} is not a multiple of the attention "
+                               f"shader's {KEY_CHUNK}-key chunk")
+        return key_block
+
     def __repr__(self) -> str:
-        return f"MLXBackend(device={self.device!r}, dtype={self.dtype!r})"
+        engine = "None" if self.shaders is None else repr(self.shaders.engine_name)
+        return f"MLXBackend(device={self.device!r}, dtype={self.dtype!r}, shaders={engine})"
+
+    def _from_shader(self, result: Any, dtype: Any) -> Any:
+        """A shader's float32 result (numpy from the emulator, mlx from Metal) as an mx array
+        in `dtype`."""
+        mx = _mx()
+        out = mx.array(result) if isinstance(result, np.ndarray) else result
+        return out if dtype == mx.float32 else out.astype(dtype)
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -77,6 +163,8 @@ class MLXBackend:
         if isinstance(weight, QuantizedTensor) and self.quantized:
             weight = affine_from_blocks(weight)
         if isinstance(weight, AffineQuantizedTensor) and self.quantized:
+            if self.shaders is not None and weight.group_size not in SHADER_GROUP_SIZES:
+                weight = split_groups(weight, SHADER_GROUP_SIZES[-1])
             return QuantizedLinear(weight)
         dense = np.asarray(weight, dtype=np.float32)
         if dense.ndim != 2:
@@ -93,8 +181,14 @@ class MLXBackend:
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         mx = _mx()
-        if self.kernels is not None:
-            out = self.kernels.linear(x, weight)
+        if self.shaders is not None:
+            x32 = x.astype(mx.float32)
+            if isinstance(weight, QuantizedLinear):
+                out = self.shaders.quantized_matmul(x32, weight.packed, weight.scales,
+                                                    weight.biases, weight.group_size, weight.bits)
+            else:
+                out = self.shaders.matmul(x32, weight)
+            out = self._from_shader(out, x.dtype)
         elif isinstance(weight, QuantizedLinear):
             out = mx.quantized_matmul(x, weight.packed, weight.scales, weight.biases,
                                       transpose=True, group_size=weight.group_size,
@@ -105,8 +199,11 @@ class MLXBackend:
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         mx = _mx()
-        if self.kernels is not None:
-            return self.kernels.rms_norm(x, weight, eps)
+        if self.shaders is not None:
+            # The shader normalises rows of a matrix; leading dims (heads, for qk-norm) are rows.
+            rows = x.reshape(-1, x.shape[-1]).astype(mx.float32)
+            out = self.shaders.rms_norm(rows, weight.astype(mx.float32), eps)
+            return self._from_shader(out, x.dtype).reshape(x.shape)
         x32 = x.astype(mx.float32)
         variance = mx.mean(x32 * x32, axis=-1, keepdims=True)
         return weight * (x32 / mx.sqrt(variance + eps)).astype(x.dtype)
@@ -137,9 +234,11 @@ class MLXBackend:
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
                   window: int, scale: float) -> Any:
-        if self.kernels is not None:
-            return self.kernels.attention(q, keys, values, positions, window, scale)
         mx = _mx()
+        if self.shaders is not None:
+            out = self.shaders.attention(q.astype(mx.float32), keys, values,
+                                         np.asarray(positions), int(window), scale)
+            return self._from_shader(out, q.dtype)
         rows, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[0]
         group = num_heads // num_kv_heads

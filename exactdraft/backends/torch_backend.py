@@ -1,4 +1,7 @@
-"""The torch backend on device "cpu", built only from ops measured to be row invariant.
+"""The padded torch backend on device "cpu": torch's own ops, used where they keep rows invariant.
+
+This is the fallback when exactdraft's C kernels (backends/torch_cpu.py) are not built, and the
+reference the C path is compared with.
 
 Invariant (INVARIANCE.md): each op gives a row the same bits whatever the number of rows in the
 call and wherever the row sits. On this path that rests on three measured facts, which the
@@ -16,6 +19,7 @@ masked keys contribute exact zeros, so keys beyond its own position never change
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -158,4 +162,26 @@ class TorchBackend:
         return x.detach().float().numpy()
 
 
-register_backend("torch", lambda device=None, dtype=None: TorchBackend(device=device, dtype=dtype))
+def torch_backend(device: str | None = None, dtype: str | None = None) -> Any:
+    """The best row-invariant torch backend for a device: Triton kernels on cuda, the C
+    kernels on cpu, and this padded path when the C kernels are unavailable (with a warning)."""
+    device = device or "cpu"
+    if device.startswith("cuda"):
+        from exactdraft.backends.torch_cuda import TorchCudaBackend
+
+        return TorchCudaBackend(device=device, dtype=dtype)
+    from exactdraft.kernels import cpu
+
+    if cpu.available() and (dtype or "float32") in ("float32", "bfloat16"):
+        from exactdraft.backends.torch_cpu import TorchCPUBackend
+
+        return TorchCPUBackend(device=device, dtype=dtype)
+    if not cpu.available():
+        warnings.warn(f"exactdraft's C kernels are unavailable ({cpu.unavailable_reason()}); "
+                      "using the slower padded torch path", RuntimeWarning, stacklevel=3)
+    return TorchBackend(device=device, dtype=dtype)
+
+
+register_backend("torch", torch_backend)
+register_backend("torch-padded",
+                 lambda device=None, dtype=None: TorchBackend(device=device, dtype=dtype))

@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 from exactdraft.guard import probe_tokens
-from tests.conftest import VARIANTS, read_config
+from tests.conftest import BACKENDS, VARIANTS, read_config
 
 
-def hf_logits(folder: str, tokens: list[int]) -> np.ndarray:
+@functools.cache
+def hf_logits(folder: str, tokens: tuple[int, ...]) -> np.ndarray:
     import torch
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].numpy()
+        return model(torch.tensor([list(tokens)])).logits[0].numpy()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_logits_match_transformers(variant, tiny_checkpoints, tiny_targets):
-    folder, target = tiny_checkpoints[variant], tiny_targets[variant]
+def test_logits_match_transformers(variant, backend, tiny_checkpoints, targets_by_backend):
+    folder, target = tiny_checkpoints[variant], targets_by_backend(backend, variant)
     tokens = probe_tokens(90, target.vocab_size, salt=3)  # longer than every sliding window
     ours = target.forward(target.new_state(), tokens, rows="all")
-    reference = hf_logits(folder, tokens)
+    reference = hf_logits(folder, tuple(tokens))
     scale = np.abs(reference).max()
     assert scale > 1.0  # the fixture's weights give logits that spread over several units
     assert np.abs(ours - reference).max() <= 2e-5 * scale, variant
@@ -42,9 +46,10 @@ def single_steps(target, prefix: list[int], tokens: list[int]) -> list[np.ndarra
     return [target.forward(state, [t], rows="last")[0] for t in tokens]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_verify_window_equals_single_steps(variant, tiny_targets):
-    target = tiny_targets[variant]
+def test_verify_window_equals_single_steps(variant, backend, targets_by_backend):
+    target = targets_by_backend(backend, variant)
     block = target.backend.key_block
     # The prefix ends just before a key block boundary, so windows straddle it.
     prefix = probe_tokens(block - 5, target.vocab_size, salt=1)
@@ -69,10 +74,11 @@ def test_rows_last_is_last_of_rows_all(variant, tiny_targets):
     assert last[0].tobytes() == every[-1].tobytes()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("variant", ["llama", "mistral", "qwen2-window", "qwen3"])
 @pytest.mark.parametrize("chunks", [[1] * 20, [7, 250, 43], [256, 44], [3, 5, 11, 281]])
-def test_chunked_prefill_equals_one_pass(variant, chunks, tiny_targets):
-    target = tiny_targets[variant]
+def test_chunked_prefill_equals_one_pass(variant, chunks, backend, targets_by_backend):
+    target = targets_by_backend(backend, variant)
     tokens = probe_tokens(sum(chunks), target.vocab_size, salt=5)
     whole_state = target.new_state()
     whole = target.forward(whole_state, tokens, rows="all")
@@ -86,8 +92,8 @@ def test_chunked_prefill_equals_one_pass(variant, chunks, tiny_targets):
     for layer in range(target.config.num_layers):
         for ours, theirs in ((state.cache.keys, whole_state.cache.keys),
                              (state.cache.values, whole_state.cache.values)):
-            a = ours[layer][:, :begin].numpy()
-            b = theirs[layer][:, :begin].numpy()
+            a = target.backend.to_host(ours[layer][:, :begin])
+            b = target.backend.to_host(theirs[layer][:, :begin])
             assert a.tobytes() == b.tobytes(), (variant, layer)
 
 

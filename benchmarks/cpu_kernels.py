@@ -1,0 +1,118 @@
+"""Micro-benchmark of the CPU matmul kernel against torch on the same machine.
+
+Invariant measured alongside speed: nothing; this only times. The kernel is compared with
+torch's `x @ W` in the two forms the torch backend can use: a one-row gemv (fast but not row
+invariant) and the padded form (rows padded to a multiple of 4, the row-invariant baseline).
+Quantized formats are compared with torch float32 on the dequantized weights.
+
+    python benchmarks/cpu_kernels.py [--threads N] [--repeat R] [--shapes 576x1536,...]
+                                     [--formats f32,q4_1,...]
+
+A shape KxN is x [M, K] times a weight [N, K]; bandwidth counts the weight bytes read once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+DEFAULT_SHAPES = ((576, 1536), (1536, 576), (576, 49152))
+DEFAULT_FORMATS = ("f32", "q4_1")
+
+
+def best_seconds(call: Callable[[], object], repeat: int) -> float:
+    """The fastest of `repeat` timed batches, each long enough to average a few calls."""
+    call()
+    start = time.perf_counter()
+    call()
+    once = max(time.perf_counter() - start, 1e-7)
+    per_batch = max(1, int(0.02 / once))
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(per_batch):
+            call()
+        best = min(best, (time.perf_counter() - start) / per_batch)
+    return best
+
+
+def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
+    """The packed weight and the float32 values torch multiplies by."""
+    from exactdraft.kernels import cpu
+    from exactdraft.models.weights import QuantizedTensor
+
+    if format == "f32":
+        return cpu.pack_matrix(dense), dense
+    if format == "bf16":
+        patterns = (dense.view(np.uint32) >> 16).astype(np.uint16)
+        return cpu.pack_matrix(patterns, "bf16"), (patterns.astype(np.uint32) << 16).view(
+            np.float32)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
+    tensor = QuantizedTensor(format, blocks, dense.shape)
+    return cpu.pack_matrix(tensor), tensor.dequantize()
+
+
+def measure(format: str, depth: int, columns: int, repeat: int, rng) -> str:
+    """One result line for a weight [columns, depth] in `format`."""
+    import torch
+
+    from exactdraft.kernels import cpu
+
+    packed, values = weight_for(format, rng.standard_normal((columns, depth), dtype=np.float32))
+    torch_weight = torch.from_numpy(np.ascontiguousarray(values.T))
+    x = {m: rng.standard_normal((m, depth), dtype=np.float32) for m in (1, 4, 8, 16)}
+    out = {m: np.empty((m, columns), dtype=np.float32) for m in x}
+    ours = {m: best_seconds(lambda m=m: cpu.matmul(x[m], packed, out=out[m]), repeat)
+            for m in (1, 8, 16)}
+    one_row, four_rows = torch.from_numpy(x[1]), torch.from_numpy(x[4])
+    gemv = best_seconds(lambda: one_row @ torch_weight, repeat)
+    padded = best_seconds(lambda: four_rows @ torch_weight, repeat)
+    return (f"{depth:>5}x{columns:<6} {format:>6} {ours[1] * 1e6:8.1f} "
+            f"{packed.data.nbytes / ours[1] / 1e9:6.1f} {gemv / ours[1]:13.2f} "
+            f"{padded / ours[1]:13.2f} {ours[8] / ours[1]:8.2f} {ours[16] / ours[1]:8.2f}")
+
+
+def run(shapes: tuple[tuple[int, int], ...], formats: tuple[str, ...], threads: int | None,
+        repeat: int) -> list[str]:
+    import torch
+
+    from exactdraft.kernels import cpu
+
+    if not cpu.available():
+        return [f"CPU kernels unavailable: {cpu.unavailable_reason()}"]
+    if threads:
+        cpu.set_num_threads(threads)
+        torch.set_num_threads(threads)
+    lines = [f"simd={cpu.simd_level()} threads={cpu.num_threads()} torch_threads="
+             f"{torch.get_num_threads()}",
+             f"{'shape KxN':>12} {'format':>6} {'M=1 us':>8} {'GB/s':>6} {'vs torch gemv':>13} "
+             f"{'vs torch pad4':>13} {'M=8/M=1':>8} {'M=16/M=1':>8}"]
+    rng = np.random.default_rng(0)
+    for depth, columns in shapes:
+        for format in formats:
+            lines.append(measure(format, depth, columns, repeat, rng))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in DEFAULT_SHAPES))
+    parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                        help="any of f32, bf16, q8_0, q4_0, q4_1")
+    args = parser.parse_args(argv)
+    shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+    print("ratios > 1 mean the kernel is faster than torch")
+    for line in run(shapes, tuple(args.formats.split(",")), args.threads, args.repeat):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

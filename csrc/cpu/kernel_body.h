@@ -1,0 +1,401 @@
+/* The kernels, written once against the vf primitives of one SIMD level (vec_*.h) and compiled
+ * once per level by the level_*.c files, which name the table with KERNEL_TABLE.
+ *
+ * Invariant: the arithmetic of one output element depends only on the reduced length and the
+ * format:
+ * - matmul: lane l of an accumulator adds x[k] * w[k] for k = l, l + VW, l + 2 VW, ... in
+ *   increasing k with one fused multiply-add each, then the lanes meet in vf_sum's fixed tree
+ *   and the bias is added. Tiles of TILE_ROWS x TILE_COLUMNS outputs only decide which outputs
+ *   share a sweep over K; every tile size runs the same per-element sequence.
+ * - attention: keys are cut into KEY_TILE tiles aligned to absolute positions; a tile holds only
+ *   the row's visible keys, tiles are merged by an online softmax in position order, so nothing
+ *   past the row's own position (cache capacity, other rows) is ever read.
+ * - elementwise ops run every element, tails included, through the same vector code (a tail is
+ *   a zero-padded partial vector), so an element's bits never depend on where it sits.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define BLOCK_VECTORS (QUANT_BLOCK / VW)
+#define ROW_BLOCK 32
+
+static ALWAYS_INLINE ptrdiff_t min_index(ptrdiff_t a, ptrdiff_t b) { return a < b ? a : b; }
+
+/* exp with a degree-7 Taylor polynomial on [-ln2/2, ln2/2]; within 2 ulp on normal results.
+ * Results below the smallest normal float are 0 and inputs above 88.37 give +inf. */
+static ALWAYS_INLINE vf vector_exp(vf x)
+{
+    const vf high = vf_set1(88.37f), low = vf_set1(-87.33654f);
+    vf clamped = vf_min(vf_max(x, low), high);
+    vf n = vf_round(vf_mul(clamped, vf_set1(1.44269504f)));
+    vf r = vf_fma(n, vf_set1(-0.693359375f), clamped);
+    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
+    vf p = vf_set1(1.0f / 5040.0f);
+    p = vf_fma(p, r, vf_set1(1.0f / 720.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 120.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 24.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 6.0f));
+    p = vf_fma(p, r, vf_set1(0.5f));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    p = vf_mul(p, vf_pow2n(n));
+    p = vf_select_greater(x, high, vf_set1(INFINITY), p);
+    p = vf_select_greater(low, x, vf_zero(), p);
+    return vf_select_nan(x, x, p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* matmul                                                                                   */
+
+struct tile_args {
+    const float *x;
+    const uint8_t *weight;   /* block 0 of the tile's first column */
+    const float *bias;       /* the tile's first bias value, or NULL */
+    float *out;              /* the tile's first output */
+    ptrdiff_t depth, x_stride, out_stride;
+    size_t column_stride;    /* bytes from a block of one column to that of the next */
+    size_t block_stride;     /* bytes from one block of a column to its next */
+};
+
+
+/* Weights k = 32 block .. 32 block + 31 of one row as floats: exact, except q4_1's d q + m, which
+ * is rounded once (as gguf's own dequantization does). */
+static ALWAYS_INLINE void decode_block(const int format, const uint8_t *p, vf w[BLOCK_VECTORS])
+{
+    if (format == FORMAT_F32) {
+        for (int v = 0; v < BLOCK_VECTORS; v++) w[v] = vf_load((const float *)p + v * VW);
+    } else if (format == FORMAT_BF16) {
+        for (int v = 0; v < BLOCK_VECTORS; v++) w[v] = vf_load_bf16((const uint16_t *)p + v * VW);
+    } else if (format == FORMAT_Q8_0) {
+        vf scale = vf_set1(half_to_float(p));
+        vf_decode_int8(p + 2, w);
+        for (int v = 0; v < BLOCK_VECTORS; v++) w[v] = vf_mul(w[v], scale);
+    } else if (format == FORMAT_Q4_0) {
+        /* (q - 8) d == q d - 8 d exactly: both are small integers times a half. */
+        const float scale = half_to_float(p);
+        vf_decode_q4(p + 2, vf_set1(scale), vf_set1(-8.0f * scale), w);
+    } else {
+        vf_decode_q4(p + 4, vf_set1(half_to_float(p)), vf_set1(half_to_float(p + 2)), w);
+    }
+}
+
+/* Up to VW weights of a dense row from element k on, zero filled past n. */
+static ALWAYS_INLINE vf load_dense_partial(const int format, const uint8_t *row, ptrdiff_t k,
+                                           int n)
+{
+    if (format == FORMAT_F32) return vf_load_partial((const float *)row + k, n);
+    uint16_t lanes[VW] = {0};
+    memcpy(lanes, (const uint16_t *)row + k, (size_t)n * sizeof(uint16_t));
+    return vf_load_bf16(lanes);
+}
+
+static ALWAYS_INLINE void tile_kernel(const int format, const int rows, const int columns,
+                                      const struct tile_args *a)
+{
+    vf acc[4][4];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < columns; c++) acc[r][c] = vf_zero();
+    const ptrdiff_t blocks = a->depth / QUANT_BLOCK;
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        vf w[4][BLOCK_VECTORS];
+        const uint8_t *blocks = a->weight + b * a->block_stride;
+        for (int c = 0; c < columns; c++) decode_block(format, blocks + c * a->column_stride, w[c]);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = a->x + r * a->x_stride + b * QUANT_BLOCK;
+            for (int v = 0; v < BLOCK_VECTORS; v++) {
+                vf xv = vf_load(xr + v * VW);
+                for (int c = 0; c < columns; c++) acc[r][c] = vf_fma(xv, w[c][v], acc[r][c]);
+            }
+        }
+    }
+    if (format == FORMAT_F32 || format == FORMAT_BF16) {
+        for (ptrdiff_t k = blocks * QUANT_BLOCK; k < a->depth; k += VW) {
+            int n = (int)min_index(VW, a->depth - k);
+            vf w[4];
+            for (int c = 0; c < columns; c++)
+                w[c] = load_dense_partial(format, a->weight + c * a->column_stride, k, n);
+            for (int r = 0; r < rows; r++) {
+                vf xv = vf_load_partial(a->x + r * a->x_stride + k, n);
+                for (int c = 0; c < columns; c++) acc[r][c] = vf_fma(xv, w[c], acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < columns; c++) {
+            float total = vf_sum(acc[r][c]);
+            if (a->bias) total += a->bias[c];
+            a->out[r * a->out_stride + c] = total;
+        }
+    }
+}
+
+typedef void (*tile_function)(const struct tile_args *a);
+
+#define TILE_INSTANCE(F, R, C) \
+    static void tile_##F##_##R##_##C(const struct tile_args *a) { tile_kernel(F, R, C, a); }
+#define TILE_INSTANCES_ROW(F, R) \
+    TILE_INSTANCE(F, R, 1) TILE_INSTANCE(F, R, 2) TILE_INSTANCE(F, R, 3) TILE_INSTANCE(F, R, 4)
+#define TILE_INSTANCES(F) \
+    TILE_INSTANCES_ROW(F, 1) TILE_INSTANCES_ROW(F, 2) TILE_INSTANCES_ROW(F, 3) \
+    TILE_INSTANCES_ROW(F, 4)
+#define TILE_TABLE_ROW(F, R) \
+    {tile_##F##_##R##_1, tile_##F##_##R##_2, tile_##F##_##R##_3, tile_##F##_##R##_4}
+#define TILE_TABLE(F) \
+    {TILE_TABLE_ROW(F, 1), TILE_TABLE_ROW(F, 2), TILE_TABLE_ROW(F, 3), TILE_TABLE_ROW(F, 4)}
+
+#if TILE_ROWS > 4 || TILE_COLUMNS > 4
+#error "tile tables are generated for at most 4 x 4 outputs"
+#endif
+
+/* Instances wider than the level's tile exist only to fill the table; matmul_columns never
+ * reaches them. */
+TILE_INSTANCES(0) TILE_INSTANCES(1) TILE_INSTANCES(2) TILE_INSTANCES(3) TILE_INSTANCES(4)
+
+static const tile_function tiles[FORMAT_COUNT][4][4] = {
+    TILE_TABLE(0), TILE_TABLE(1), TILE_TABLE(2), TILE_TABLE(3), TILE_TABLE(4),
+};
+
+#if WEIGHT_GROUP % TILE_COLUMNS
+#error "a column tile must not straddle two weight groups"
+#endif
+
+static const size_t FORMAT_BLOCK_BYTES[FORMAT_COUNT] = {4 * QUANT_BLOCK, 2 * QUANT_BLOCK, 34, 18,
+                                                        20};
+
+/* All rows of output columns [first, end), first a multiple of TILE_COLUMNS. Rows are swept in
+ * blocks of ROW_BLOCK so that a column tile's weights are read from memory once per block and
+ * the block's inputs stay in cache. */
+static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const size_t block_bytes = FORMAT_BLOCK_BYTES[p->format];
+    struct tile_args a = {.depth = p->depth, .x_stride = p->depth, .out_stride = p->columns,
+                          .column_stride = p->row_bytes, .block_stride = block_bytes};
+    for (ptrdiff_t m0 = 0; m0 < p->rows; m0 += ROW_BLOCK) {
+        ptrdiff_t m1 = min_index(p->rows, m0 + ROW_BLOCK);
+        for (ptrdiff_t n = first; n < end; n += TILE_COLUMNS) {
+            int columns = (int)min_index(TILE_COLUMNS, end - n);
+            if (p->grouped) {
+                /* Blocks of a group's rows alternate, so a tile reads one sequential stream. */
+                ptrdiff_t group_start = n / WEIGHT_GROUP * WEIGHT_GROUP;
+                ptrdiff_t group_rows = min_index(WEIGHT_GROUP, p->columns - group_start);
+                a.weight = p->weight + group_start * p->row_bytes + (n - group_start) * block_bytes;
+                a.column_stride = block_bytes;
+                a.block_stride = (size_t)group_rows * block_bytes;
+            } else {
+                a.weight = p->weight + n * p->row_bytes;
+            }
+            a.bias = p->bias ? p->bias + n : NULL;
+            for (ptrdiff_t m = m0; m < m1; m += TILE_ROWS) {
+                int rows = (int)min_index(TILE_ROWS, m1 - m);
+                a.x = p->x + m * p->depth;
+                a.out = p->out + m * p->columns + n;
+                tiles[p->format][rows - 1][columns - 1](&a);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* attention                                                                                */
+
+#define MAX_HEAD_VECTORS (MAX_HEAD_DIM / VW + 1)
+
+/* One query row and head. `vectors` full vectors plus `tail` lanes make up the head dimension;
+ * the instances below fix them at compile time for common head sizes, with identical
+ * per-element arithmetic. */
+static ALWAYS_INLINE void attention_one(const struct attention_problem *p, ptrdiff_t row,
+                                        ptrdiff_t head, const ptrdiff_t vectors, const int tail)
+{
+    const ptrdiff_t dim = p->head_dim;
+    const ptrdiff_t kv_head = head / (p->heads / p->kv_heads);
+    const float *query = p->q + (row * p->heads + head) * dim;
+    const float *keys = p->keys + kv_head * p->capacity * dim;
+    const float *values = p->values + kv_head * p->capacity * dim;
+    const ptrdiff_t position = (ptrdiff_t)p->positions[row];
+    ptrdiff_t first = 0;
+    if (p->window > 0 && position - p->window + 1 > 0) first = position - p->window + 1;
+
+    vf q[MAX_HEAD_VECTORS], acc[MAX_HEAD_VECTORS];
+    for (ptrdiff_t v = 0; v < vectors; v++) {
+        q[v] = vf_load(query + v * VW);
+        acc[v] = vf_zero();
+    }
+    if (tail) {
+        q[vectors] = vf_load_partial(query + vectors * VW, tail);
+        acc[vectors] = vf_zero();
+    }
+    const ptrdiff_t all = vectors + (tail ? 1 : 0);
+    float running_max = -INFINITY, running_sum = 0.0f;
+    float scores[KEY_TILE];
+    for (ptrdiff_t start = first / KEY_TILE * KEY_TILE; start <= position; start += KEY_TILE) {
+        const ptrdiff_t lo = start > first ? start : first;
+        const ptrdiff_t hi = min_index(start + KEY_TILE - 1, position);
+        for (int j = 0; j < KEY_TILE; j++) scores[j] = -INFINITY;
+        for (ptrdiff_t j = lo; j <= hi; j++) {
+            const float *key = keys + j * dim;
+            vf dot = vf_zero();
+            for (ptrdiff_t v = 0; v < vectors; v++) dot = vf_fma(q[v], vf_load(key + v * VW), dot);
+            if (tail) dot = vf_fma(q[vectors], vf_load_partial(key + vectors * VW, tail), dot);
+            scores[j - start] = vf_sum(dot) * p->scale;
+        }
+        vf tile_max = vf_load(scores);
+        for (int v = 1; v < KEY_TILE / VW; v++) tile_max = vf_max(tile_max, vf_load(scores + v * VW));
+        const float top = vf_max_all(tile_max);
+        const float new_max = top > running_max ? top : running_max;
+        const vf shift = vf_set1(new_max);
+        vf tile_sum = vf_zero();
+        for (int v = 0; v < KEY_TILE / VW; v++) {
+            vf weight = vector_exp(vf_sub(vf_load(scores + v * VW), shift));
+            vf_store(scores + v * VW, weight);
+            tile_sum = vf_add(tile_sum, weight);
+        }
+        float rescale[VW];
+        vf_store(rescale, vector_exp(vf_set1(running_max - new_max)));
+        const vf alpha = vf_set1(rescale[0]);
+        running_sum = running_sum * rescale[0] + vf_sum(tile_sum);
+        running_max = new_max;
+        for (ptrdiff_t v = 0; v < all; v++) acc[v] = vf_mul(acc[v], alpha);
+        for (ptrdiff_t j = lo; j <= hi; j++) {
+            const float *value = values + j * dim;
+            const vf weight = vf_set1(scores[j - start]);
+            for (ptrdiff_t v = 0; v < vectors; v++)
+                acc[v] = vf_fma(weight, vf_load(value + v * VW), acc[v]);
+            if (tail)
+                acc[vectors] = vf_fma(weight, vf_load_partial(value + vectors * VW, tail),
+                                      acc[vectors]);
+        }
+    }
+    float *out = p->out + (row * p->heads + head) * dim;
+    const vf total = vf_set1(running_sum);
+    for (ptrdiff_t v = 0; v < vectors; v++) vf_store(out + v * VW, vf_div(acc[v], total));
+    if (tail) vf_store_partial(out + vectors * VW, vf_div(acc[vectors], total), tail);
+}
+
+static void attention_head64(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
+{
+    attention_one(p, row, head, 64 / VW, 0);
+}
+
+static void attention_head128(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
+{
+    attention_one(p, row, head, 128 / VW, 0);
+}
+
+static void attention_any(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
+{
+    attention_one(p, row, head, p->head_dim / VW, (int)(p->head_dim % VW));
+}
+
+/* (row, head) pairs [first, end), pair i being row i / heads and head i % heads. */
+static void attention_pairs(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    void (*one)(const struct attention_problem *, ptrdiff_t, ptrdiff_t) = attention_any;
+    if (p->head_dim == 64) one = attention_head64;
+    if (p->head_dim == 128) one = attention_head128;
+    for (ptrdiff_t i = first; i < end; i++) one(p, i / p->heads, i % p->heads);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* row-wise and elementwise ops                                                             */
+
+static void rms_norm_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const ptrdiff_t width = p->width, vectors = width / VW;
+    const int tail = (int)(width % VW);
+    for (ptrdiff_t m = first; m < end; m++) {
+        const float *x = p->x + m * width;
+        float *out = p->out + m * width;
+        vf squares = vf_zero();
+        for (ptrdiff_t v = 0; v < vectors; v++) {
+            vf xv = vf_load(x + v * VW);
+            squares = vf_fma(xv, xv, squares);
+        }
+        if (tail) {
+            vf xv = vf_load_partial(x + vectors * VW, tail);
+            squares = vf_fma(xv, xv, squares);
+        }
+        const vf norm = vf_set1(sqrtf(vf_sum(squares) / (float)width + p->eps));
+        for (ptrdiff_t v = 0; v < vectors; v++)
+            vf_store(out + v * VW, vf_mul(vf_load(p->weight + v * VW),
+                                          vf_div(vf_load(x + v * VW), norm)));
+        if (tail) {
+            vf normed = vf_div(vf_load_partial(x + vectors * VW, tail), norm);
+            vf_store_partial(out + vectors * VW,
+                             vf_mul(vf_load_partial(p->weight + vectors * VW, tail), normed), tail);
+        }
+    }
+}
+
+/* Rotate-half RoPE of a span of `n` lanes (n <= VW) or a full vector when n == VW. */
+static ALWAYS_INLINE void rope_span(const float *x, const float *cos, const float *sin, float *out,
+                                    ptrdiff_t half, int n)
+{
+    vf first = n == VW ? vf_load(x) : vf_load_partial(x, n);
+    vf second = n == VW ? vf_load(x + half) : vf_load_partial(x + half, n);
+    vf c = n == VW ? vf_load(cos) : vf_load_partial(cos, n);
+    vf s = n == VW ? vf_load(sin) : vf_load_partial(sin, n);
+    vf low = vf_sub(vf_mul(first, c), vf_mul(second, s));
+    vf high = vf_add(vf_mul(second, c), vf_mul(first, s));
+    if (n == VW) {
+        vf_store(out, low);
+        vf_store(out + half, high);
+    } else {
+        vf_store_partial(out, low, n);
+        vf_store_partial(out + half, high, n);
+    }
+}
+
+static void rope_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const ptrdiff_t dim = p->width, half = dim / 2, vectors = half / VW;
+    const int tail = (int)(half % VW);
+    for (ptrdiff_t m = first; m < end; m++) {
+        const float *cos = p->weight + m * half, *sin = p->weight2 + m * half;
+        for (ptrdiff_t h = 0; h < p->heads; h++) {
+            const float *x = p->x + (m * p->heads + h) * dim;
+            float *out = p->out + (m * p->heads + h) * dim;
+            for (ptrdiff_t v = 0; v < vectors; v++)
+                rope_span(x + v * VW, cos + v * VW, sin + v * VW, out + v * VW, half, VW);
+            if (tail) {
+                const ptrdiff_t o = vectors * VW;
+                rope_span(x + o, cos + o, sin + o, out + o, half, tail);
+            }
+        }
+    }
+}
+
+static ALWAYS_INLINE vf silu_times(vf gate, vf up)
+{
+    vf sigmoid_denominator = vf_add(vf_set1(1.0f), vector_exp(vf_sub(vf_zero(), gate)));
+    return vf_mul(vf_div(gate, sigmoid_denominator), up);
+}
+
+static void silu_mul_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const ptrdiff_t width = p->width, vectors = width / VW;
+    const int tail = (int)(width % VW);
+    for (ptrdiff_t m = first; m < end; m++) {
+        const float *gate = p->x + m * 2 * width, *up = gate + width;
+        float *out = p->out + m * width;
+        for (ptrdiff_t v = 0; v < vectors; v++)
+            vf_store(out + v * VW, silu_times(vf_load(gate + v * VW), vf_load(up + v * VW)));
+        if (tail) {
+            const ptrdiff_t o = vectors * VW;
+            vf_store_partial(out + o, silu_times(vf_load_partial(gate + o, tail),
+                                                 vf_load_partial(up + o, tail)), tail);
+        }
+    }
+}
+
+const struct kernel_table KERNEL_TABLE = {
+    .name = LEVEL_NAME,
+    .column_tile = TILE_COLUMNS,
+    .matmul_columns = matmul_columns,
+    .attention_pairs = attention_pairs,
+    .rms_norm_rows = rms_norm_rows,
+    .rope_rows = rope_rows,
+    .silu_mul_rows = silu_mul_rows,
+};

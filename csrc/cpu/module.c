@@ -1,0 +1,318 @@
+/* The Python module exactdraft._cpu_kernels: thin entry points taking integer data pointers and
+ * sizes (the Python wrapper in exactdraft/kernels/cpu.py checks dtypes, shapes and layout).
+ *
+ * Invariant: an entry point only unpacks its arguments and calls the dispatcher; it adds no
+ * arithmetic of its own, so the kernels' row invariance is the module's.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dispatch.h"
+#include "thread_pool.h"
+
+/* Calls with less work than this keep the GIL: releasing and taking it back costs more. */
+#define RELEASE_GIL_MIN_WORK 1000000.0
+
+static const size_t BLOCK_BYTES[FORMAT_COUNT] = {0, 0, 34, 18, 20};
+
+/* A data pointer given as an integer, or as an object with a contiguous buffer (a numpy array);
+ * the caller keeps the object alive for the whole call. */
+static int take_pointer(PyObject *arg, const char *name, int may_be_null, void **out)
+{
+    if (!PyLong_Check(arg) && PyObject_CheckBuffer(arg)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(arg, &view, PyBUF_ANY_CONTIGUOUS) != 0) return -1;
+        *out = view.buf;
+        PyBuffer_Release(&view);
+    } else {
+        *out = PyLong_AsVoidPtr(arg);
+    }
+    if (*out == NULL && PyErr_Occurred()) return -1;
+    if (*out == NULL && !may_be_null) {
+        PyErr_Format(PyExc_ValueError, "%s must be a non-null data pointer", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int take_size(PyObject *arg, const char *name, Py_ssize_t minimum, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(arg);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    if (*out < minimum) {
+        PyErr_Format(PyExc_ValueError, "%s must be at least %zd, got %zd", name, minimum, *out);
+        return -1;
+    }
+    return 0;
+}
+
+static int take_float(PyObject *arg, float *out)
+{
+    double value = PyFloat_AsDouble(arg);
+    if (value == -1.0 && PyErr_Occurred()) return -1;
+    *out = (float)value;
+    return 0;
+}
+
+static int expect_arguments(Py_ssize_t nargs, Py_ssize_t expected, const char *function)
+{
+    if (nargs == expected) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", function, expected, nargs);
+    return -1;
+}
+
+#define RUN(work, call)                                    \
+    do {                                                   \
+        if ((work) >= RELEASE_GIL_MIN_WORK) {              \
+            Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS \
+        } else {                                           \
+            call;                                          \
+        }                                                  \
+    } while (0)
+
+/* matmul(x, rows, depth, weight, columns, format, grouped, bias_or_0, out); grouped is 1 for
+ * the grouped weight layout (see kernels.h), 0 for plain rows. */
+static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct matmul_problem p;
+    void *x, *weight, *bias, *out;
+    Py_ssize_t rows, depth, columns, format, grouped;
+    if (expect_arguments(nargs, 9, "matmul") || take_pointer(args[0], "x", 0, &x) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "depth", 1, &depth) ||
+        take_pointer(args[3], "weight", 0, &weight) ||
+        take_size(args[4], "columns", 1, &columns) || take_size(args[5], "format", 0, &format) ||
+        take_size(args[6], "grouped", 0, &grouped) || take_pointer(args[7], "bias", 1, &bias) ||
+        take_pointer(args[8], "out", 0, &out))
+        return NULL;
+    if (format >= FORMAT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown weight format code %zd", format);
+        return NULL;
+    }
+    if ((format >= FORMAT_Q8_0 || grouped) && depth % QUANT_BLOCK) {
+        PyErr_Format(PyExc_ValueError,
+                     "quantized or grouped weights need depth %% 32 == 0, got %zd", depth);
+        return NULL;
+    }
+    p.x = x;
+    p.weight = weight;
+    p.bias = bias;
+    p.out = out;
+    p.rows = rows;
+    p.depth = depth;
+    p.columns = columns;
+    p.format = (int)format;
+    p.grouped = grouped != 0;
+    if (format == FORMAT_F32) p.row_bytes = (size_t)depth * 4;
+    else if (format == FORMAT_BF16) p.row_bytes = (size_t)depth * 2;
+    else p.row_bytes = (size_t)(depth / QUANT_BLOCK) * BLOCK_BYTES[format];
+    RUN((double)rows * (double)columns * (double)depth, run_matmul(&p));
+    Py_RETURN_NONE;
+}
+
+/* attention(q, rows, heads, head_dim, keys, values, kv_heads, capacity, positions, window,
+ *           scale, out) */
+static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct attention_problem p;
+    void *q, *keys, *values, *positions, *out;
+    Py_ssize_t rows, heads, head_dim, kv_heads, capacity, window;
+    if (expect_arguments(nargs, 12, "attention") || take_pointer(args[0], "q", 0, &q) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "heads", 1, &heads) ||
+        take_size(args[3], "head_dim", 1, &head_dim) ||
+        take_pointer(args[4], "keys", 0, &keys) || take_pointer(args[5], "values", 0, &values) ||
+        take_size(args[6], "kv_heads", 1, &kv_heads) ||
+        take_size(args[7], "capacity", 1, &capacity) ||
+        take_pointer(args[8], "positions", 0, &positions) ||
+        take_size(args[9], "window", 0, &window) || take_float(args[10], &p.scale) ||
+        take_pointer(args[11], "out", 0, &out))
+        return NULL;
+    if (heads % kv_heads) {
+        PyErr_Format(PyExc_ValueError, "heads (%zd) must be a multiple of kv_heads (%zd)", heads,
+                     kv_heads);
+        return NULL;
+    }
+    if (head_dim > MAX_HEAD_DIM) {
+        PyErr_Format(PyExc_ValueError, "head_dim %zd exceeds the supported %d", head_dim,
+                     MAX_HEAD_DIM);
+        return NULL;
+    }
+    const int64_t *position = positions;
+    double work = 0;
+    for (Py_ssize_t m = 0; m < rows; m++) {
+        if (position[m] < 0 || position[m] >= capacity) {
+            PyErr_Format(PyExc_ValueError,
+                         "positions[%zd] = %lld is outside the key buffer of %zd positions", m,
+                         (long long)position[m], capacity);
+            return NULL;
+        }
+        work += (double)(position[m] + 1);
+    }
+    p.q = q;
+    p.keys = keys;
+    p.values = values;
+    p.positions = position;
+    p.out = out;
+    p.rows = rows;
+    p.heads = heads;
+    p.kv_heads = kv_heads;
+    p.capacity = capacity;
+    p.head_dim = head_dim;
+    p.window = window;
+    RUN(work * (double)heads * (double)head_dim, run_attention(&p));
+    Py_RETURN_NONE;
+}
+
+/* rms_norm(x, rows, width, weight, eps, out) */
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct rows_problem p = {0};
+    void *x, *weight, *out;
+    Py_ssize_t rows, width;
+    if (expect_arguments(nargs, 6, "rms_norm") || take_pointer(args[0], "x", 0, &x) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "width", 1, &width) ||
+        take_pointer(args[3], "weight", 0, &weight) || take_float(args[4], &p.eps) ||
+        take_pointer(args[5], "out", 0, &out))
+        return NULL;
+    p.x = x;
+    p.weight = weight;
+    p.out = out;
+    p.rows = rows;
+    p.width = width;
+    RUN((double)rows * (double)width, run_rms_norm(&p));
+    Py_RETURN_NONE;
+}
+
+/* rope(x, rows, heads, head_dim, cos, sin, out) */
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct rows_problem p = {0};
+    void *x, *cos, *sin, *out;
+    Py_ssize_t rows, heads, head_dim;
+    if (expect_arguments(nargs, 7, "rope") || take_pointer(args[0], "x", 0, &x) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "heads", 1, &heads) ||
+        take_size(args[3], "head_dim", 2, &head_dim) || take_pointer(args[4], "cos", 0, &cos) ||
+        take_pointer(args[5], "sin", 0, &sin) || take_pointer(args[6], "out", 0, &out))
+        return NULL;
+    if (head_dim % 2) {
+        PyErr_Format(PyExc_ValueError, "rope needs an even head_dim, got %zd", head_dim);
+        return NULL;
+    }
+    p.x = x;
+    p.weight = cos;
+    p.weight2 = sin;
+    p.out = out;
+    p.rows = rows;
+    p.heads = heads;
+    p.width = head_dim;
+    RUN((double)rows * (double)heads * (double)head_dim, run_rope(&p));
+    Py_RETURN_NONE;
+}
+
+/* silu_mul(gate_up, rows, width, out): width is the output width I (gate_up holds 2 I). */
+static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct rows_problem p = {0};
+    void *x, *out;
+    Py_ssize_t rows, width;
+    if (expect_arguments(nargs, 4, "silu_mul") || take_pointer(args[0], "gate_up", 0, &x) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "width", 1, &width) ||
+        take_pointer(args[3], "out", 0, &out))
+        return NULL;
+    p.x = x;
+    p.out = out;
+    p.rows = rows;
+    p.width = width;
+    RUN((double)rows * (double)width, run_silu_mul(&p));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "thread count must be in 1..1024, got %ld", n);
+        return NULL;
+    }
+    int running;
+    Py_BEGIN_ALLOW_THREADS running = pool_set_threads((int)n);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(running);
+}
+
+static PyObject *py_num_threads(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    int n;
+    Py_BEGIN_ALLOW_THREADS n = pool_threads();
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(n);
+}
+
+static PyObject *py_simd_level(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(active_level()->name);
+}
+
+static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    const struct kernel_table *levels[4];
+    int count = supported_levels(levels, 4);
+    PyObject *names = PyTuple_New(count);
+    if (!names) return NULL;
+    for (int i = 0; i < count; i++) {
+        PyObject *name = PyUnicode_FromString(levels[i]->name);
+        if (!name) {
+            Py_DECREF(names);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(names, i, name);
+    }
+    return names;
+}
+
+static PyObject *py_set_simd_level(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    if (select_level(name) != 0) {
+        PyErr_Format(PyExc_ValueError, "SIMD level %R is not supported on this CPU", arg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, "x @ weight.T (+ bias)"},
+    {"attention", (PyCFunction)(void (*)(void))py_attention, METH_FASTCALL,
+     "causal grouped-query attention over a KV buffer"},
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "RMS norm of rows"},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, "rotate-half RoPE"},
+    {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, "silu(gate) * up"},
+    {"set_num_threads", py_set_num_threads, METH_O, "set the pool size; returns the count"},
+    {"num_threads", py_num_threads, METH_NOARGS, "threads that run kernels"},
+    {"simd_level", py_simd_level, METH_NOARGS, "the active SIMD level"},
+    {"simd_levels", py_simd_levels, METH_NOARGS, "SIMD levels this CPU supports, best first"},
+    {"set_simd_level", py_set_simd_level, METH_O, "make a supported SIMD level active"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "exactdraft._cpu_kernels",
+    "Row-invariant CPU kernels (see exactdraft.kernels.cpu).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,125 @@
+/* Portable 8-lane float "vectors" in plain C, for kernel_body.h on machines without a SIMD
+ * level here.
+ *
+ * Invariant: every lane operation is one correctly rounded IEEE operation (the build turns off
+ * floating-point contraction, so vf_fma is a rounded multiply then a rounded add), and the
+ * horizontal reductions use the same fixed pairing tree as the SIMD levels.
+ */
+#include <math.h>
+#include <string.h>
+
+#define VW 8
+#define TILE_ROWS 2
+#define TILE_COLUMNS 2
+
+typedef struct { float lane[VW]; } vf;
+
+#define LANEWISE(expr) do { for (int i = 0; i < VW; i++) { r.lane[i] = (expr); } } while (0)
+
+static inline vf vf_zero(void) { vf r; LANEWISE(0.0f); return r; }
+static inline vf vf_set1(float a) { vf r; LANEWISE(a); return r; }
+static inline vf vf_load(const float *p) { vf r; memcpy(r.lane, p, sizeof r.lane); return r; }
+static inline void vf_store(float *p, vf v) { memcpy(p, v.lane, sizeof v.lane); }
+static inline vf vf_load_partial(const float *p, int n)
+{
+    vf r = vf_zero();
+    memcpy(r.lane, p, (size_t)n * sizeof(float));
+    return r;
+}
+static inline void vf_store_partial(float *p, vf v, int n)
+{
+    memcpy(p, v.lane, (size_t)n * sizeof(float));
+}
+static inline vf vf_add(vf a, vf b) { vf r; LANEWISE(a.lane[i] + b.lane[i]); return r; }
+static inline vf vf_sub(vf a, vf b) { vf r; LANEWISE(a.lane[i] - b.lane[i]); return r; }
+static inline vf vf_mul(vf a, vf b) { vf r; LANEWISE(a.lane[i] * b.lane[i]); return r; }
+static inline vf vf_div(vf a, vf b) { vf r; LANEWISE(a.lane[i] / b.lane[i]); return r; }
+static inline vf vf_fma(vf a, vf b, vf c)
+{
+    vf r;
+    LANEWISE(a.lane[i] * b.lane[i] + c.lane[i]);
+    return r;
+}
+static inline vf vf_max(vf a, vf b) { vf r; LANEWISE(a.lane[i] > b.lane[i] ? a.lane[i] : b.lane[i]); return r; }
+static inline vf vf_min(vf a, vf b) { vf r; LANEWISE(a.lane[i] < b.lane[i] ? a.lane[i] : b.lane[i]); return r; }
+
+static inline float vf_sum(vf v)
+{
+    float four[4], two[2];
+    for (int i = 0; i < 4; i++) four[i] = v.lane[i] + v.lane[i + 4];
+    for (int i = 0; i < 2; i++) two[i] = four[i] + four[i + 2];
+    return two[0] + two[1];
+}
+
+static inline float vf_max_all(vf v)
+{
+    float best = v.lane[0];
+    for (int i = 1; i < VW; i++) best = v.lane[i] > best ? v.lane[i] : best;
+    return best;
+}
+
+static inline vf vf_select_greater(vf a, vf b, vf t, vf f)
+{
+    vf r;
+    LANEWISE(a.lane[i] > b.lane[i] ? t.lane[i] : f.lane[i]);
+    return r;
+}
+
+static inline vf vf_select_nan(vf a, vf t, vf f)
+{
+    vf r;
+    LANEWISE(a.lane[i] != a.lane[i] ? t.lane[i] : f.lane[i]);
+    return r;
+}
+
+static inline vf vf_pow2n(vf n)
+{
+    vf r;
+    for (int i = 0; i < VW; i++) {
+        uint32_t bits = (uint32_t)((int32_t)n.lane[i] + 127) << 23;
+        memcpy(&r.lane[i], &bits, sizeof bits);
+    }
+    return r;
+}
+
+static inline vf vf_round(vf a)
+{
+    /* Adding and subtracting 1.5 * 2^23 rounds |a| < 2^22 to the nearest integer, ties even. */
+    const float shifter = 12582912.0f;
+    vf r;
+    LANEWISE((a.lane[i] + shifter) - shifter);
+    return r;
+}
+
+static inline vf vf_load_bf16(const uint16_t *p)
+{
+    vf r;
+    for (int i = 0; i < VW; i++) {
+        uint32_t bits = (uint32_t)p[i] << 16;
+        memcpy(&r.lane[i], &bits, sizeof bits);
+    }
+    return r;
+}
+
+/* 32 GGUF q4 weights nibble * scale + bias (exact product, one rounding): element i is the
+ * low nibble of byte i, element i + 16 the high nibble. */
+static inline void vf_decode_q4(const uint8_t *packed, vf scale, vf bias, vf out[32 / VW])
+{
+    for (int i = 0; i < 16; i++) {
+        float low = (float)(packed[i] & 0x0f), high = (float)(packed[i] >> 4);
+        out[i / VW].lane[i % VW] = low * scale.lane[0] + bias.lane[0];
+        out[(i + 16) / VW].lane[i % VW] = high * scale.lane[0] + bias.lane[0];
+    }
+}
+
+static inline void vf_decode_int8(const uint8_t *packed, vf out[32 / VW])
+{
+    for (int i = 0; i < 32; i++) out[i / VW].lane[i % VW] = (float)(int8_t)packed[i];
+}
+
+static inline float half_to_float(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_bits_to_float(h);
+}

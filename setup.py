@@ -1,0 +1,77 @@
+"""Build of the optional C extension exactdraft._cpu_kernels (everything else is in pyproject).
+
+The extension is optional: if no C compiler is found or compilation fails, the build says why
+and the package installs without it; exactdraft.kernels.cpu then reports it unavailable.
+Floating-point contraction is turned off so that every multiply and add is the one the source
+names (the kernels' bitwise row invariance relies on that); SIMD levels are compiled per source
+file with target attributes and picked at run time, so no -march flag is used.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+SOURCES = [
+    "csrc/cpu/module.c",
+    "csrc/cpu/dispatch.c",
+    "csrc/cpu/thread_pool.c",
+    "csrc/cpu/level_scalar.c",
+    "csrc/cpu/level_avx2.c",
+    "csrc/cpu/level_avx512.c",
+    "csrc/cpu/level_neon.c",
+]
+HEADERS = [
+    "csrc/cpu/kernels.h",
+    "csrc/cpu/kernel_body.h",
+    "csrc/cpu/dispatch.h",
+    "csrc/cpu/thread_pool.h",
+    "csrc/cpu/vec_scalar.h",
+    "csrc/cpu/vec_avx2.h",
+    "csrc/cpu/vec_avx512.h",
+    "csrc/cpu/vec_neon.h",
+]
+UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
+              "-fvisibility=hidden", "-pthread", "-Wall"]
+
+
+class OptionalBuildExt(build_ext):
+    """Builds the extension with the flags above; a failure is reported, never fatal."""
+
+    def build_extensions(self) -> None:
+        if self.compiler.compiler_type == "unix":
+            for extension in self.extensions:
+                extension.extra_compile_args = UNIX_FLAGS
+                extension.extra_link_args = ["-pthread"]
+        super().build_extensions()
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as error:  # noqa: BLE001 - any build failure leaves the package usable
+            self._skip(error)
+
+    def build_extension(self, extension: Extension) -> None:
+        try:
+            super().build_extension(extension)
+        except Exception as error:  # noqa: BLE001
+            self._skip(error)
+
+    def _skip(self, error: Exception) -> None:
+        print(f"warning: building the optional C extension failed ({error}); exactdraft "
+              "installs without it and its CPU kernels report unavailable", file=sys.stderr)
+
+
+# The Metal shader sources (and their C++ emulator) ship inside the package, where
+# exactdraft.kernels.metal looks for them when csrc/ is not beside it.
+SHADERS = "exactdraft.kernels.metal_shaders"
+
+setup(
+    packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS],
+    package_dir={SHADERS: "csrc/metal"},
+    package_data={SHADERS: ["*.metal", "SUBSET.md", "emu/*.h", "emu/*.cpp"]},
+    ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS)],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

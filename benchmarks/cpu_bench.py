@@ -83,8 +83,8 @@ def weight_bytes_per_token(target) -> int:
     matrices = [target.lm_head] + [m for layer in target.layers
                                    for m in (layer.qkv, layer.output, layer.gate_up, layer.down)]
     for matrix in matrices:
-        data = getattr(matrix, "data", matrix)
-        total += data.nbytes if hasattr(data, "nbytes") else data.numel() * data.element_size()
+        packed = getattr(matrix, "packed", matrix)  # the C-kernel backend wraps packed weights
+        total += getattr(packed, "data", packed).nbytes
     return total
 
 
@@ -164,6 +164,8 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
 
 
 def chart(records: list[dict], path: Path) -> bool:
+    if not records:
+        return False
     try:
         import matplotlib
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the hub is unreachable; its client would retry
+# Triton decides at its first import whether kernels run on the CPU interpreter; any module may
+# import it (transformers does), so it is set before anything else is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import json  # noqa: E402
 

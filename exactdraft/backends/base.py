@@ -110,7 +110,7 @@ def available_backends() -> list[str]:
 
 
 def _auto_choice() -> tuple[str, str | None]:
-    if importlib.util.find_spec("torch") is not None:
+    if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("triton"):
         import torch
 
         if torch.cuda.is_available():

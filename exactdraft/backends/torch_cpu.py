@@ -7,6 +7,11 @@ a row's own position; thread partitions follow the weight shape), so no row ever
 the row count, its place in the pass, or the thread count. Weights stay in their stored format:
 float32, bfloat16 (dtype="bfloat16"), or GGUF q8_0/q4_0/q4_1 blocks when a checkpoint is
 loaded with keep_quantized=True; activations and the KV cache are float32.
+
+Every tensor these methods hand to a kernel is one this backend made (contiguous float32 of a
+known shape), so they call the extension with raw data pointers instead of re-checking each
+argument: a decode step makes a few hundred kernel calls, and checking them in Python would
+cost more than the arithmetic of a small model.
 """
 
 from __future__ import annotations
@@ -19,6 +24,19 @@ from exactdraft.backends.base import BackendError
 from exactdraft.backends.torch_backend import TorchBackend
 from exactdraft.kernels import cpu
 from exactdraft.models.weights import QuantizedTensor
+
+
+class Matrix:
+    """A packed weight and what a matmul call needs of it, looked up once."""
+
+    def __init__(self, packed: cpu.PackedMatrix) -> None:
+        self.packed = packed  # keeps the data alive
+        self.columns, self.depth = packed.shape
+        self.shape = packed.shape
+        data = packed.data
+        self.address = data.ctypes.data if isinstance(data, np.ndarray) else data.data_ptr()
+        self.format = cpu.FORMAT_CODES[packed.format]
+        self.grouped = packed.layout == "grouped"
 
 
 class TorchCPUBackend(TorchBackend):
@@ -36,35 +54,59 @@ class TorchCPUBackend(TorchBackend):
         import torch
 
         self._torch = torch
+        self._native = cpu.native()
 
     def __repr__(self) -> str:
         return f"TorchCPUBackend(dtype={self.dtype!r}, simd={cpu.simd_level()!r})"
 
-    def matrix(self, weight: Any) -> Any:
+    def _empty(self, *shape: int) -> Any:
+        return self._torch.empty(shape, dtype=self._torch.float32)
+
+    def matrix(self, weight: Any) -> Matrix:
         if isinstance(weight, QuantizedTensor):
-            return cpu.pack_matrix(weight)
+            return Matrix(cpu.pack_matrix(weight))
         dense = np.array(weight, dtype=np.float32)
         if dense.ndim != 2:
             raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
         if self.dtype == "bfloat16":
-            return cpu.pack_matrix(self._torch.from_numpy(dense).bfloat16())
-        return cpu.pack_matrix(dense)
+            return Matrix(cpu.pack_matrix(self._torch.from_numpy(dense).bfloat16()))
+        return Matrix(cpu.pack_matrix(dense))
 
     def vector(self, values: np.ndarray) -> Any:
         return self._torch.from_numpy(np.array(values, dtype=np.float32))
 
-    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        return cpu.matmul(x, weight, bias)
+    def linear(self, x: Any, weight: Matrix, bias: Any | None = None) -> Any:
+        x = x.contiguous()
+        rows = x.shape[0]
+        out = self._empty(rows, weight.columns)
+        self._native.matmul(x.data_ptr(), rows, weight.depth, weight.address, weight.columns,
+                            weight.format, weight.grouped,
+                            0 if bias is None else bias.data_ptr(), out.data_ptr())
+        return out
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
-        shape = x.shape
-        return cpu.rms_norm(x.contiguous().view(-1, shape[-1]), weight, eps).view(shape)
+        x = x.contiguous()
+        width = x.shape[-1]
+        out = self._empty(*x.shape)
+        self._native.rms_norm(x.data_ptr(), x.numel() // width, width, weight.data_ptr(), eps,
+                              out.data_ptr())
+        return out
 
     def rope(self, x: Any, cos: Any, sin: Any) -> Any:
-        return cpu.rope(x.contiguous(), cos, sin)
+        rows, heads, head_dim = x.shape
+        if x.is_contiguous():
+            source, out = x, self._empty(rows, heads, head_dim)
+        else:
+            source = out = x.contiguous()  # a fresh copy, rotated in place
+        self._native.rope(source.data_ptr(), rows, heads, head_dim, cos.data_ptr(),
+                          sin.data_ptr(), out.data_ptr())
+        return out
 
     def silu_mul(self, gate_up: Any) -> Any:
-        return cpu.silu_mul(gate_up)
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = self._empty(rows, width)
+        self._native.silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
 
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Any | None = None) -> Any:
@@ -75,10 +117,18 @@ class TorchCPUBackend(TorchBackend):
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
                   window: int, scale: float) -> Any:
-        if int(positions.max()) >= keys.shape[1]:
-            raise BackendError(f"KV buffer of {keys.shape[1]} positions cannot hold key "
-                               f"{int(positions.max())}")
-        return cpu.attention(q.contiguous(), keys, values, positions, window, scale)
+        kv_heads, capacity, head_dim = keys.shape
+        last = int(positions.max())
+        if last >= capacity:
+            raise BackendError(f"KV buffer of {capacity} positions cannot hold key {last}")
+        q = q.contiguous()
+        rows, heads = q.shape[0], q.shape[1]
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        out = self._empty(rows, heads, head_dim)
+        self._native.attention(q.data_ptr(), rows, heads, head_dim, keys.data_ptr(),
+                               values.data_ptr(), kv_heads, capacity, positions, window, scale,
+                               out.data_ptr())
+        return out
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.numpy()

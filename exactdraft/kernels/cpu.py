@@ -35,7 +35,7 @@ except ImportError as _error:
     )
 
 FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")
-_FORMAT_CODES = {name: code for code, name in enumerate(FORMATS)}
+FORMAT_CODES = {name: code for code, name in enumerate(FORMATS)}
 _FLOAT32 = np.dtype(np.float32)
 
 
@@ -57,6 +57,12 @@ def _kernels() -> Any:
     if _native is None:
         raise CpuKernelsUnavailable(_UNAVAILABLE_REASON)
     return _native
+
+
+def native() -> Any:
+    """The extension module itself, for callers that own their arrays (contiguous float32 of
+    the right shapes, which the functions below check) and call it with raw data pointers."""
+    return _kernels()
 
 
 def set_num_threads(n: int) -> int:
@@ -252,7 +258,7 @@ def pack_matrix(weight: Any, format: str | None = None, depth: int | None = None
 
 
 def _pack_rows(weight: Any, format: str | None, depth: int | None) -> PackedMatrix:
-    if format is not None and format not in _FORMAT_CODES:
+    if format is not None and format not in FORMAT_CODES:
         raise ValueError(f"unknown weight format {format!r}; known: {', '.join(FORMATS)}")
     if isinstance(weight, QuantizedTensor):
         if format not in (None, weight.format):
@@ -307,7 +313,7 @@ def matmul(x: Any, weight: Any, bias: Any = None, out: Any = None) -> Any:
     out, out_address = _output(out, x, (rows, columns), (x, bias, packed.data))
     if rows:
         kernels.matmul(x_address, rows, depth, packed.address, columns,
-                       _FORMAT_CODES[packed.format], packed.layout == "grouped", bias_address,
+                       FORMAT_CODES[packed.format], packed.layout == "grouped", bias_address,
                        out_address)
     return out
 

@@ -1,0 +1,141 @@
+"""The torch backend on device "cuda", computing through row-invariant Triton kernels.
+
+Invariant (INVARIANCE.md): each op gives a row the same bits whatever the number of rows in the
+call and wherever the row sits. linear, rms_norm and attention run the kernels in
+exactdraft.kernels.triton, whose module docstrings carry the argument (one configuration per
+weight or head layout, no split-K, fixed reductions, attention chunks aligned to absolute
+positions). The remaining ops are torch elementwise or indexing ops: on CUDA every element is
+computed by the same scalar code whichever row it sits in (vectorisation there only widens the
+loads, it does not switch to another math routine as CPU SIMD loops do), so rope, silu_mul,
+embedding and residual adds are row invariant too; the model-level check on the GPU covers them.
+
+On device "cpu" the same kernels run through Triton's interpreter (TRITON_INTERPRET=1 before
+triton is imported), with the rowwise dot step, so that a small model can run end to end on a
+machine without a GPU. That mode exists for tests; it is slow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from exactdraft.backends.base import BackendError
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class TorchCudaBackend:
+    """Row-invariant ops on torch tensors through Triton kernels (device cuda, or cpu under the
+    Triton interpreter)."""
+
+    name = "torch"
+
+    def __init__(self, device: str | None = None, dtype: str | None = None,
+                 key_block: int | None = None, dot: str = "auto") -> None:
+        torch = _torch()
+        self.device = device or "cuda"
+        self.dtype = dtype or "bfloat16"
+        if self.dtype not in _TORCH_DTYPES:
+            raise BackendError(f"unsupported dtype {self.dtype!r} for the torch cuda backend; "
+                               f"supported: {', '.join(_TORCH_DTYPES)}")
+        try:
+            torch_device = torch.device(self.device)
+        except RuntimeError as error:
+            raise BackendError(f"unknown torch device {self.device!r} ({error})") from None
+        if torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise BackendError(f"device {self.device!r} asked for, but torch sees no CUDA device")
+        if torch_device.type not in ("cuda", "cpu"):
+            raise BackendError(f"torch cuda backend device {self.device!r} is not supported; "
+                               "supported: cuda, cuda:N, cpu (Triton interpreter)")
+        try:
+            from exactdraft.kernels.triton import attention, launch, matmul, norm
+        except ImportError as error:
+            raise BackendError(
+                f"the torch backend on {self.device!r} needs the 'triton' package ({error}); "
+                "install it with: pip install triton"
+            ) from error
+        if torch_device.type == "cpu" and not launch.interpreted(matmul._matmul_kernel):
+            raise BackendError(
+                "the Triton kernels run on CPU tensors only under Triton's interpreter: set "
+                "TRITON_INTERPRET=1 in the environment before triton is first imported"
+            )
+        if dot not in launch.DOT_MODES:
+            raise BackendError(f"unknown dot mode {dot!r}; known: {', '.join(launch.DOT_MODES)}")
+        self._attention, self._matmul, self._norm = attention, matmul, norm
+        self.torch_device = torch_device
+        self.torch_dtype = getattr(torch, self.dtype)
+        self.dot = dot
+        # KV buffers grow in whole attention chunks; any capacity would be correct, since the
+        # kernel masks by position, but whole chunks keep reads of a row's last chunk in bounds.
+        self.key_block = key_block or attention.CHUNK
+
+    def __repr__(self) -> str:
+        return f"TorchCudaBackend(device={self.device!r}, dtype={self.dtype!r})"
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def matrix(self, weight: Any) -> Any:
+        torch = _torch()
+        dense = np.array(weight, dtype=np.float32)
+        if dense.ndim != 2:
+            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        # Kept as [N, K], the layout the matmul kernel reads along K.
+        return torch.from_numpy(dense).to(self.torch_device, self.torch_dtype).contiguous()
+
+    def vector(self, values: np.ndarray) -> Any:
+        torch = _torch()
+        host = torch.from_numpy(np.array(values, dtype=np.float32))
+        return host.to(self.torch_device, self.torch_dtype)
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def embedding(self, table: Any, token_ids: np.ndarray) -> Any:
+        torch = _torch()
+        ids = torch.from_numpy(np.asarray(token_ids, dtype=np.int64)).to(self.torch_device)
+        return table[ids]
+
+    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        return self._matmul.matmul(x, weight, bias, dot=self.dot)
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        return self._norm.rms_norm(x, weight, eps)
+
+    def rope(self, x: Any, cos: Any, sin: Any) -> Any:
+        half = x.shape[-1] // 2
+        first, second = x[..., :half], x[..., half:]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return _torch().cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+    def silu_mul(self, gate_up: Any) -> Any:
+        torch = _torch()
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :half], gate_up[..., half:]
+        return gate / (1.0 + torch.exp(-gate)) * up
+
+    def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
+                  previous: Any | None = None) -> Any:
+        buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype,
+                                device=self.torch_device)
+        if previous is not None:
+            buffer[:, : previous.shape[1]] = previous
+        return buffer
+
+    def kv_write(self, buffer: Any, start: int, rows: Any) -> Any:
+        buffer[:, start:start + rows.shape[0]] = rows.transpose(0, 1)
+        return buffer
+
+    def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
+                  window: int, scale: float) -> Any:
+        return self._attention.attention(q, keys, values, np.asarray(positions, dtype=np.int64),
+                                         scale, int(window), dot=self.dot)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return x.detach().float().cpu().numpy()
+

@@ -53,6 +53,7 @@ class TorchBackend:
         if self.dtype not in _TORCH_DTYPES:
             raise BackendError(f"unsupported dtype {self.dtype!r} for the torch backend")
         self.torch_dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
+        self.torch_device = torch.device("cpu")
         self.key_block = key_block
 
     def __repr__(self) -> str:
@@ -69,14 +70,14 @@ class TorchBackend:
         return torch.from_numpy(dense).to(self.torch_dtype).t().contiguous()
 
     def vector(self, values: np.ndarray) -> Any:
-        torch = _torch()
-        return torch.from_numpy(np.array(values, dtype=np.float32)).to(self.torch_dtype)
+        host = _torch().from_numpy(np.array(values, dtype=np.float32))
+        return host.to(self.torch_device, self.torch_dtype)
 
     # -- ops -------------------------------------------------------------------------------
 
     def embedding(self, table: Any, token_ids: np.ndarray) -> Any:
-        torch = _torch()
-        return table[torch.from_numpy(np.asarray(token_ids, dtype=np.int64))]
+        ids = _torch().from_numpy(np.asarray(token_ids, dtype=np.int64))
+        return table[ids.to(self.torch_device)]
 
     def _padded_matmul(self, a: Any, b: Any) -> Any:
         rows = a.shape[-2]
@@ -112,7 +113,8 @@ class TorchBackend:
 
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Any | None = None) -> Any:
-        buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype)
+        buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype,
+                                device=self.torch_device)
         if previous is not None:
             buffer[:, : previous.shape[1]] = previous
         return buffer
@@ -159,7 +161,7 @@ class TorchBackend:
         return out.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim).to(q.dtype)
 
     def to_host(self, x: Any) -> np.ndarray:
-        return x.detach().float().numpy()
+        return x.detach().float().cpu().numpy()
 
 
 def torch_backend(device: str | None = None, dtype: str | None = None) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.backends.base import BackendError
+from exactdraft.backends.torch_backend import TorchBackend
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -31,7 +32,7 @@ def _torch():
     return torch
 
 
-class TorchCudaBackend:
+class TorchCudaBackend(TorchBackend):
     """Row-invariant ops on torch tensors through Triton kernels (device cuda, or cpu under the
     Triton interpreter)."""
 
@@ -39,6 +40,8 @@ class TorchCudaBackend:
 
     def __init__(self, device: str | None = None, dtype: str | None = None,
                  key_block: int | None = None, dot: str = "auto") -> None:
+        # Sets everything TorchBackend's shared ops read (device, dtype, key_block) itself:
+        # TorchBackend's own constructor accepts only the CPU.
         torch = _torch()
         self.device = device or "cuda"
         self.dtype = dtype or "bfloat16"
@@ -89,17 +92,7 @@ class TorchCudaBackend:
         # Kept as [N, K], the layout the matmul kernel reads along K.
         return torch.from_numpy(dense).to(self.torch_device, self.torch_dtype).contiguous()
 
-    def vector(self, values: np.ndarray) -> Any:
-        torch = _torch()
-        host = torch.from_numpy(np.array(values, dtype=np.float32))
-        return host.to(self.torch_device, self.torch_dtype)
-
-    # -- ops -------------------------------------------------------------------------------
-
-    def embedding(self, table: Any, token_ids: np.ndarray) -> Any:
-        torch = _torch()
-        ids = torch.from_numpy(np.asarray(token_ids, dtype=np.int64)).to(self.torch_device)
-        return table[ids]
+    # -- ops (embedding, rope, silu_mul and KV writes are the torch ops of TorchBackend) ----
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         return self._matmul.matmul(x, weight, bias, dot=self.dot)
@@ -107,35 +100,7 @@ class TorchCudaBackend:
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         return self._norm.rms_norm(x, weight, eps)
 
-    def rope(self, x: Any, cos: Any, sin: Any) -> Any:
-        half = x.shape[-1] // 2
-        first, second = x[..., :half], x[..., half:]
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return _torch().cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
-
-    def silu_mul(self, gate_up: Any) -> Any:
-        torch = _torch()
-        half = gate_up.shape[-1] // 2
-        gate, up = gate_up[..., :half], gate_up[..., half:]
-        return gate / (1.0 + torch.exp(-gate)) * up
-
-    def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
-                  previous: Any | None = None) -> Any:
-        buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype,
-                                device=self.torch_device)
-        if previous is not None:
-            buffer[:, : previous.shape[1]] = previous
-        return buffer
-
-    def kv_write(self, buffer: Any, start: int, rows: Any) -> Any:
-        buffer[:, start:start + rows.shape[0]] = rows.transpose(0, 1)
-        return buffer
-
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
                   window: int, scale: float) -> Any:
         return self._attention.attention(q, keys, values, np.asarray(positions, dtype=np.int64),
                                          scale, int(window), dot=self.dot)
-
-    def to_host(self, x: Any) -> np.ndarray:
-        return x.detach().float().cpu().numpy()
-

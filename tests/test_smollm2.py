@@ -86,3 +86,39 @@ def test_cli_check_passes_on_smollm2(capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "all 10 cases identical" in out
+
+
+@pytest.fixture(scope="module")
+def smollm2_mlx():
+    pytest.importorskip("mlx.core", reason="mlx is not installed")
+    checkpoint = load_checkpoint(None)
+    return build_target(checkpoint, "mlx", device="cpu"), checkpoint.tokenizer
+
+
+@pytest.mark.slow
+def test_mlx_backend_agrees_with_torch_backend(smollm2, smollm2_mlx):
+    (torch_target, tokenizer), (mlx_target, _) = smollm2, smollm2_mlx
+    for prompt in PROMPTS[:3]:
+        ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": prompt}]),
+                               add_special_tokens=False)
+        ours = mlx_target.forward(mlx_target.new_state(), ids, rows="all")
+        reference = torch_target.forward(torch_target.new_state(), ids, rows="all")
+        assert abs(ours - reference).max() <= 1e-5 * abs(reference).max()
+        assert (ours.argmax(-1) == reference.argmax(-1)).all()
+    chat = [{"role": "user", "content": PROMPTS[0]}]
+    greedy = xd.SamplingParams(temperature=0.0)
+    assert xd.Generator(mlx_target, tokenizer=tokenizer).generate(chat, 24, greedy).tokens == \
+        xd.Generator(torch_target, tokenizer=tokenizer).generate(chat, 24, greedy).tokens
+
+
+@pytest.mark.slow
+def test_mlx_backend_is_exact_on_smollm2(smollm2_mlx):
+    target, tokenizer = smollm2_mlx
+    generator = xd.Generator(target, xd.PromptLookup(max_draft=4), tokenizer=tokenizer)
+    assert generator.drafting_enabled  # the guard's W-row == single steps check passed
+    for prompt in PROMPTS[1:3]:
+        chat = [{"role": "user", "content": prompt}]
+        for temperature in (0.0, 1.0):
+            params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=3)
+            assert generator.generate(chat, 16, params).tokens == \
+                generator.generate(chat, 16, params, drafts=False).tokens

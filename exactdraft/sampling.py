@@ -7,7 +7,10 @@ batch size, no draft depth. The vectorised paths below only skip work that prova
 change the answer (see the bounds in `_candidates`), and every decision that floating-point
 transcendental functions could tip (a near-tie between two noisy scores, a top-p cut that
 lands within rounding of its threshold) is re-decided with Python's own `math` functions, the
-reference the definition is written against.
+reference the definition is written against. When the C extension exactdraft._sampler is
+built, KeyedSampler runs steps 3-9 there instead (exactdraft.sampling_native): it calls the same
+C library exp and log as the math module, so it decides those cases exactly with no fallback,
+and it returns the same tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+from exactdraft import sampling_native
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _POSITION_MULTIPLIER = 0xD1B54A32D192ED03
@@ -136,7 +141,16 @@ class SamplingParams:
 
 
 class KeyedSampler:
-    """Gumbel-max sampling keyed by (seed, position, token id): SAMPLER.md's rule."""
+    """Gumbel-max sampling keyed by (seed, position, token id): SAMPLER.md's rule.
+
+    `native` picks how steps 3-9 run: True uses the C extension exactdraft._sampler (and
+    raises if it is not built), False the numpy path below, None (the default) the extension
+    when it is built. Both return the same tokens."""
+
+    def __init__(self, native: bool | None = None) -> None:
+        if native and not sampling_native.available():
+            raise sampling_native.NativeSamplerUnavailable(sampling_native.unavailable_reason())
+        self.native = sampling_native.available() if native is None else bool(native)
 
     def sample(self, logits_row: np.ndarray, params: SamplingParams, *, pos: int,
                history: Sequence[int] = (), n_prompt: int | None = None) -> int:
@@ -176,6 +190,8 @@ class KeyedSampler:
             x = self.processed(row, params, row_history, n_prompt)
             if params.temperature == 0:
                 token = int(np.argmax(x))
+            elif self.native:
+                token = sampling_native.draw(x, params, pos + j)
             else:
                 token = _gumbel_winner(*_candidates(x, params), params.seed, pos + j)
             tokens.append(token)
@@ -255,6 +271,10 @@ def _top_p_count(s: np.ndarray, top_p: float) -> int:
 def _gumbel_winner(order: np.ndarray, s: np.ndarray, seed: int, pos: int) -> int:
     """Step 9: the kept candidate with the largest s + g; exact ties go to the earlier one."""
     u = keyed_uniform(seed, pos, order)
+    if u.max() >= 1.0:  # (2**53 - 1) + 0.5 rounds up: a 2**-53 chance per candidate
+        token = int(order[int(np.argmax(u))])
+        raise ValueError(f"the keyed uniform of token {token} rounds to 1.0, where "
+                         "-log(-log(u)) is undefined")
     scores = s - np.log(-np.log(u))
     best = scores.max()
     contenders = np.flatnonzero(scores >= best - _NEAR * max(1.0, abs(best)))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exactdraft import sampling_native
 from exactdraft.sampling import (
     KeyedSampler,
     SamplingParams,
@@ -19,9 +20,15 @@ from exactdraft.sampling import (
 
 LOGITS = np.array([2.0, 1.0, 0.5, 2.0, -1.0, 0.0, 1.5, 0.25], dtype=np.float32)
 
+# Every sampling test runs on the numpy path and on the C extension (skipped if it is not built).
+DRAW_PATHS = [pytest.param(False, id="numpy"),
+              pytest.param(True, id="native", marks=pytest.mark.skipif(
+                  not sampling_native.available(),
+                  reason=str(sampling_native.unavailable_reason())))]
 
-def draws(params, positions, history=(), n_prompt=None):
-    sampler = KeyedSampler()
+
+def draws(params, positions, history=(), n_prompt=None, native=False):
+    sampler = KeyedSampler(native=native)
     return [sampler.sample(LOGITS, params, pos=p, history=history, n_prompt=n_prompt)
             for p in positions]
 
@@ -58,16 +65,18 @@ GOLDEN_99 = [
 ]
 
 
+@pytest.mark.parametrize("native", DRAW_PATHS)
 @pytest.mark.parametrize("settings_,expected", GOLDEN_1234)
-def test_golden_draws_seed_1234(settings_, expected):
+def test_golden_draws_seed_1234(settings_, expected, native):
     params = SamplingParams(seed=1234, **settings_)
-    assert draws(params, range(10, 26)) == [int(t) for t in expected.split()]
+    assert draws(params, range(10, 26), native=native) == [int(t) for t in expected.split()]
 
 
+@pytest.mark.parametrize("native", DRAW_PATHS)
 @pytest.mark.parametrize("settings_,expected", GOLDEN_99)
-def test_golden_draws_with_history(settings_, expected):
+def test_golden_draws_with_history(settings_, expected, native):
     params = SamplingParams(seed=99, **settings_)
-    got = draws(params, range(5, 21), history=[0, 3, 3, 6, 1], n_prompt=2)
+    got = draws(params, range(5, 21), history=[0, 3, 3, 6, 1], n_prompt=2, native=native)
     assert got == [int(t) for t in expected.split()]
 
 
@@ -106,6 +115,7 @@ logit_rows = st.integers(2, 300).flatmap(lambda v: st.lists(
     min_size=v, max_size=v))
 
 
+@pytest.mark.parametrize("native", DRAW_PATHS)
 @settings(max_examples=300, deadline=None)
 @given(row=logit_rows, temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.5, 7.0]),
        top_k=st.sampled_from([0, 1, 3, 50]), top_p=st.sampled_from([1.0, 0.9, 0.5, 0.01]),
@@ -114,26 +124,28 @@ logit_rows = st.integers(2, 300).flatmap(lambda v: st.lists(
        presence=st.sampled_from([0.0, 0.5]), frequency=st.sampled_from([0.0, 0.25]),
        seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 10**6),
        history=st.lists(st.integers(0, 1), max_size=12), n_prompt_fraction=st.floats(0, 1))
-def test_matches_literal_reference(row, temperature, top_k, top_p, min_p, repetition, presence,
-                                   frequency, seed, pos, history, n_prompt_fraction):
+def test_matches_literal_reference(native, row, temperature, top_k, top_p, min_p, repetition,
+                                   presence, frequency, seed, pos, history, n_prompt_fraction):
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition, presence_penalty=presence,
                             frequency_penalty=frequency, logit_bias={1: 0.5}, seed=seed)
     logits = np.array(row, dtype=np.float32)
     n_prompt = int(n_prompt_fraction * len(history))
-    ours = KeyedSampler().sample(logits, params, pos=pos, history=history, n_prompt=n_prompt)
+    ours = KeyedSampler(native=native).sample(logits, params, pos=pos, history=history,
+                                              n_prompt=n_prompt)
     assert ours == reference_sample(logits, params, pos, history, n_prompt)
 
 
+@pytest.mark.parametrize("native", DRAW_PATHS)
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**63), temperature=st.sampled_from([0.0, 0.7, 1.0]),
        presence=st.sampled_from([0.0, 0.8]), width=st.integers(1, 9), data=st.data())
-def test_window_equals_rows_sampled_alone(seed, temperature, presence, width, data):
+def test_window_equals_rows_sampled_alone(native, seed, temperature, presence, width, data):
     rng = np.random.default_rng(seed % 2**32)
     rows = (rng.standard_normal((width, 64)) * 3).astype(np.float32)
     history = rng.integers(0, 64, 10).tolist()
     params = SamplingParams(temperature=temperature, presence_penalty=presence, seed=seed)
-    sampler = KeyedSampler()
+    sampler = KeyedSampler(native=native)
     alone = []
     for j in range(width):
         alone.append(sampler.sample(rows[j], params, pos=10 + j, history=history + alone,

@@ -1,0 +1,168 @@
+/* The Python module exactdraft._sampler: SAMPLER.md's draw (steps 3-9) on a processed float64
+ * logits row, computed by draw.c.
+ *
+ * Invariant: the entry point only checks and unpacks its arguments and turns draw()'s failures
+ * into ValueError; the token is draw()'s. draw() reuses module-wide scratch memory, so it runs
+ * with the GIL held and never releases it (a call takes well under a millisecond).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "draw.h"
+
+/* A finite float in [minimum, maximum], or in (minimum, maximum] when open_minimum. */
+static int take_float(PyObject *arg, const char *name, double minimum, int open_minimum,
+                      double maximum, const char *allowed, double *out)
+{
+    *out = PyFloat_AsDouble(arg);
+    if (*out == -1.0 && PyErr_Occurred()) return -1;
+    if (isfinite(*out) && (open_minimum ? *out > minimum : *out >= minimum) && *out <= maximum)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s must be %s, got %R", name, allowed, arg);
+    return -1;
+}
+
+static int take_uint64(PyObject *arg, const char *name, uint64_t *out)
+{
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %R", name, arg);
+        return -1;
+    }
+    *out = PyLong_AsUnsignedLongLong(arg);
+    if (*out == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an integer in [0, 2**64), got %R", name, arg);
+        return -1;
+    }
+    return 0;
+}
+
+static int take_size(PyObject *arg, const char *name, size_t maximum, const char *allowed,
+                     size_t *out)
+{
+    Py_ssize_t value = PyLong_AsSsize_t(arg);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (value >= 0 && (size_t)value <= maximum) {
+        *out = (size_t)value;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s must be %s, got %zd", name, allowed, value);
+    return -1;
+}
+
+static int is_float64_format(const char *format)
+{
+    if (!format) return 0;
+    if (*format == '@' || *format == '=' || *format == (PY_LITTLE_ENDIAN ? '<' : '>')) format++;
+    return strcmp(format, "d") == 0;
+}
+
+/* The row as a C-contiguous 1-D float64 buffer, or -1 with ValueError set. */
+static int take_row(PyObject *arg, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(arg, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyObject *type, *why, *trace;
+        PyErr_Fetch(&type, &why, &trace);
+        PyErr_Format(PyExc_ValueError, "x must be a C-contiguous 1-D float64 array; the %.100s "
+                     "given is refused: %S", Py_TYPE(arg)->tp_name, why ? why : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(why);
+        Py_XDECREF(trace);
+        return -1;
+    }
+    if (view->ndim == 1 && view->itemsize == 8 && is_float64_format(view->format) &&
+        view->shape[0] >= 1 && (uint64_t)view->shape[0] <= UINT32_MAX)
+        return 0;
+    if (view->ndim != 1 || view->itemsize != 8 || !is_float64_format(view->format))
+        PyErr_Format(PyExc_ValueError, "x must be a 1-D float64 array, got %d-D items of "
+                     "format '%s'", view->ndim, view->format ? view->format : "B");
+    else
+        PyErr_Format(PyExc_ValueError, "x must hold between 1 and 2**32 - 1 logits, got %zd",
+                     view->shape[0]);
+    PyBuffer_Release(view);
+    return -1;
+}
+
+static PyObject *raise_failure(struct draw_result result)
+{
+    PyObject *number;
+    switch (result.status) {
+    case DRAW_NAN:
+        return PyErr_Format(PyExc_ValueError, "logits row has NaN at token %zu", result.index);
+    case DRAW_NO_FINITE_MAXIMUM:
+        number = PyFloat_FromDouble(result.value);
+        if (number) {
+            PyErr_Format(PyExc_ValueError,
+                         "logits row has no finite maximum after processing (max %R)", number);
+            Py_DECREF(number);
+        }
+        return NULL;
+    case DRAW_UNIT_UNIFORM:
+        return PyErr_Format(PyExc_ValueError, "the keyed uniform of token %zu rounds to 1.0, "
+                            "where -log(-log(u)) is undefined", result.index);
+    case DRAW_NO_MEMORY:
+        return PyErr_NoMemory();
+    default:
+        return PyErr_Format(PyExc_SystemError, "unknown draw status %d", (int)result.status);
+    }
+}
+
+/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path]) -> token id */
+static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    struct draw_request r;
+    size_t path = TOP_P_AUTO;
+    if (nargs != 7 && nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "draw takes 7 or 8 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (take_float(args[1], "temperature", 0.0, 0, INFINITY, "a finite number >= 0",
+                   &r.temperature) ||
+        take_size(args[2], "top_k", PY_SSIZE_T_MAX, ">= 0 (0 = off)", &r.top_k) ||
+        take_float(args[3], "top_p", 0.0, 1, 1.0, "in (0, 1]", &r.top_p) ||
+        take_float(args[4], "min_p", 0.0, 0, 1.0, "in [0, 1]", &r.min_p) ||
+        take_uint64(args[5], "seed", &r.seed) || take_uint64(args[6], "pos", &r.pos) ||
+        (nargs == 8 && take_size(args[7], "top_p_path", TOP_P_BOUNDED,
+                                 "0 (auto), 1 (exhaustive) or 2 (bounded)", &path)))
+        return NULL;
+    r.top_p_path = (enum top_p_path)path;
+    Py_buffer view;
+    if (take_row(args[0], &view)) return NULL;
+    r.x = view.buf;
+    r.vocab = (size_t)view.shape[0];
+    struct draw_result result = draw(&r);
+    PyBuffer_Release(&view);
+    if (result.status != DRAW_OK) return raise_failure(result);
+    return PyLong_FromSize_t(result.index);
+}
+
+static PyObject *py_top_p_path_counts(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    uint64_t counts[3];
+    top_p_path_counts(counts);
+    return Py_BuildValue("(KKK)", (unsigned long long)counts[0], (unsigned long long)counts[1],
+                         (unsigned long long)counts[2]);
+}
+
+static PyMethodDef methods[] = {
+    {"draw", (PyCFunction)(void (*)(void))py_draw, METH_FASTCALL,
+     "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path]) -> int: steps 3-9 "
+     "of SAMPLER.md on the processed C-contiguous float64 row x. top_p_path (tests): 0 auto, "
+     "1 exhaustive, 2 bounded; all give the same token."},
+    {"top_p_path_counts", py_top_p_path_counts, METH_NOARGS,
+     "(exhaustive, bounded and decided, bounded then exhaustive): top-p decisions so far."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "exactdraft._sampler",
+    "SAMPLER.md's draw (steps 3-9) on a processed float64 logits row.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__sampler(void) { return PyModule_Create(&module); }

@@ -1,0 +1,55 @@
+"""The draw of SAMPLER.md (steps 3-9) through the optional C extension exactdraft._sampler.
+
+Invariant: `draw(x, params, pos)` returns the token SAMPLER.md defines for the processed float64
+row x, the same token the numpy path in exactdraft.sampling returns, and raises ValueError where
+that path raises. The extension calls the C library's exp and log, the functions Python's math
+module calls, so it decides every top-p cut and every near-tie exactly with no fallback (the
+argument is in csrc/sampler/sampler.c).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exactdraft.sampling import SamplingParams
+
+try:
+    from exactdraft import _sampler as _native
+
+    _UNAVAILABLE_REASON: str | None = None
+except ImportError as _error:
+    _native = None
+    _UNAVAILABLE_REASON = (
+        f"the C extension exactdraft._sampler is not built ({_error}); it is compiled when the "
+        "package is installed with a C compiler present (gcc or clang): reinstall with "
+        "`pip install .` and read the build log's warning if it still fails"
+    )
+
+_MASK = (1 << 64) - 1
+
+
+class NativeSamplerUnavailable(RuntimeError):
+    """The C extension is missing; the message says why."""
+
+
+def available() -> bool:
+    """Whether the compiled draw can run in this process."""
+    return _native is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled draw cannot run, or None when it can."""
+    return _UNAVAILABLE_REASON
+
+
+def draw(x: Any, params: SamplingParams, pos: int) -> int:
+    """Steps 3-9 of SAMPLER.md on x, the row after step 2 (a C-contiguous 1-D float64 array),
+    for the token at absolute position `pos`."""
+    if _native is None:
+        raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
+    if params.temperature > 0 and params.seed is None:
+        raise ValueError("params.seed is None: resolve one first with params.with_seed()")
+    # The noise key uses pos modulo 2**64, as the Python key does for any integer.
+    return _native.draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
+                        params.seed or 0, pos & _MASK)

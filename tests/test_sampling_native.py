@@ -1,0 +1,326 @@
+"""The C draw (exactdraft._sampler via exactdraft.sampling_native) against SAMPLER.md: golden
+vectors, the literal reference of tests/test_sampling.py, the numpy path, every top-p path of the
+extension, full-vocabulary rows, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exactdraft import sampling, sampling_native
+from exactdraft.sampling import KeyedSampler, SamplingParams, gumbel_noise
+from tests.test_sampling import GOLDEN_99, GOLDEN_1234, LOGITS, reference_sample
+
+pytestmark = pytest.mark.skipif(not sampling_native.available(),
+                                reason=str(sampling_native.unavailable_reason()))
+
+MASK = (1 << 64) - 1
+PATHS = {"auto": 0, "exhaustive": 1, "bounded": 2}
+
+
+def native_module():
+    from exactdraft import _sampler
+
+    return _sampler
+
+
+def processed(logits, params, history=(), n_prompt=None):
+    history = np.asarray(history, dtype=np.int64)
+    n_prompt = len(history) if n_prompt is None else n_prompt
+    return KeyedSampler().processed(np.asarray(logits, dtype=np.float32), params, history,
+                                    n_prompt)
+
+
+def numpy_draw(x, params, pos):
+    """The numpy path of exactdraft.sampling on a processed row."""
+    if params.temperature == 0:
+        return int(np.argmax(x))
+    return sampling._gumbel_winner(*sampling._candidates(x, params), params.seed, pos)
+
+
+def native_draws(x, params, pos):
+    """The extension's token on every top-p path (they must agree)."""
+    draw = native_module().draw
+    return {name: draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
+                       params.seed or 0, pos & MASK, path) for name, path in PATHS.items()}
+
+
+def path_counts():
+    return np.array(native_module().top_p_path_counts())
+
+
+@pytest.mark.parametrize("settings_,expected", GOLDEN_1234)
+def test_golden_draws_seed_1234(settings_, expected):
+    params = SamplingParams(seed=1234, **settings_)
+    x = processed(LOGITS, params)
+    got = [sampling_native.draw(x, params, pos) for pos in range(10, 26)]
+    assert got == [int(t) for t in expected.split()]
+    for pos in range(10, 26):
+        assert set(native_draws(x, params, pos).values()) == {got[pos - 10]}
+
+
+@pytest.mark.parametrize("settings_,expected", GOLDEN_99)
+def test_golden_draws_with_history(settings_, expected):
+    params = SamplingParams(seed=99, **settings_)
+    history = [0, 3, 3, 6, 1]
+    got = []
+    for pos in range(5, 21):
+        x = processed(LOGITS, params, history, n_prompt=2)
+        got.append(sampling_native.draw(x, params, pos))
+    assert got == [int(t) for t in expected.split()]
+
+
+SPECIALS = [0.0, -0.0, 1.0, 2.5, -60.0, 1e-40, -1e-40, 3.0e38, -3.0e38, float("-inf")]
+
+
+@st.composite
+def logit_rows(draw):
+    """float32 rows of 1..300 tokens: plain values, heavy ties, or a few special values."""
+    size = draw(st.integers(1, 300))
+    kind = draw(st.sampled_from(["plain", "ties", "specials"]))
+    if kind == "ties":
+        row = draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, -1.0]), min_size=size,
+                            max_size=size))
+    else:
+        row = draw(st.lists(st.floats(-30, 30, width=32), min_size=size, max_size=size))
+    if kind == "specials":
+        for index, value in draw(st.lists(st.tuples(st.integers(0, size - 1),
+                                                    st.sampled_from(SPECIALS)), max_size=4)):
+            row[index] = value
+    return np.array(row, dtype=np.float32)
+
+
+@settings(max_examples=400, deadline=None)
+@given(row=logit_rows(),
+       temperature=st.sampled_from([0.0, 0.05, 0.3, 0.7, 1.0, 1.5, 7.0, 1000.0]),
+       top_k=st.sampled_from([0, 1, 2, 3, 50, 299]),
+       top_p=st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.01]),
+       min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+       repetition=st.sampled_from([1.0, 1.3, 0.7]), presence=st.sampled_from([0.0, 0.5]),
+       bias=st.sampled_from([{}, {0: 0.1}, {0: -2.0}]),
+       seed=st.integers(0, MASK), pos=st.integers(0, MASK),
+       history=st.lists(st.integers(0, 3), max_size=8))
+def test_matches_reference_and_numpy(row, temperature, top_k, top_p, min_p, repetition,
+                                     presence, bias, seed, pos, history):
+    history = [t for t in history if t < row.size]
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition, presence_penalty=presence,
+                            frequency_penalty=0.25, logit_bias=bias, seed=seed)
+    x = processed(row, params, history, n_prompt=len(history) // 2)
+    if temperature > 0 and not math.isfinite(float(np.max(x)) / temperature):
+        with pytest.raises(ValueError, match="no finite maximum"):
+            sampling_native.draw(x, params, pos)
+        with pytest.raises(ValueError, match="no finite maximum"):
+            numpy_draw(x, params, pos)
+        return
+    expected = reference_sample(row, params, pos, history, len(history) // 2)
+    assert numpy_draw(x, params, pos) == expected
+    assert native_draws(x, params, pos) == {name: expected for name in PATHS}
+
+
+def realistic_row(seed: int, vocab: int = 49152) -> np.ndarray:
+    """Shaped like a language model's logits: a wide bulk and a few strong tokens."""
+    rng = np.random.default_rng(seed)
+    row = rng.standard_normal(vocab) * 2.5 - 2.0
+    row[rng.choice(vocab, 12, replace=False)] += rng.uniform(6.0, 14.0, 12)
+    return row.astype(np.float32)
+
+
+FULL_SETTINGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.7),
+    dict(temperature=0.7, top_p=0.95),
+    dict(temperature=0.7, top_k=50),
+    dict(temperature=1.0, min_p=0.05),
+    dict(temperature=1.0, top_k=1000, top_p=0.9),
+    dict(temperature=1.5, top_p=0.99, min_p=0.01),
+    dict(temperature=3.0, top_p=0.5),
+]
+
+
+@pytest.mark.parametrize("settings_", FULL_SETTINGS)
+def test_full_vocabulary_rows(settings_):
+    params = SamplingParams(seed=20240611, **settings_)
+    for row_seed in (1, 2):
+        row = realistic_row(row_seed)
+        x = processed(row, params)
+        before = x.tobytes()
+        for pos in (0, 77):
+            expected = reference_sample(row, params, pos, [], 0)
+            assert numpy_draw(x, params, pos) == expected
+            assert native_draws(x, params, pos) == {name: expected for name in PATHS}
+        assert x.tobytes() == before  # the row is only read
+
+
+def test_bounded_top_p_decides_on_full_rows():
+    """On a full-vocabulary row the bracket decides the cut without summing every candidate."""
+    params = SamplingParams(temperature=0.7, top_p=0.95, seed=3)
+    x = processed(realistic_row(5), params)
+    before = path_counts()
+    sampling_native.draw(x, params, 11)
+    assert (path_counts() - before).tolist() == [0, 1, 0]
+
+
+def test_bounded_top_p_falls_back_when_the_cut_is_within_the_bracket():
+    """Two tied leaders and a long tail, with top_p putting the cut at the first prefix sum:
+    the bracket cannot tell, the exhaustive sum decides, and all paths agree."""
+    row = np.full(2000, -8.0, dtype=np.float32)
+    row[[0, 1]] = 0.0
+    total = 0.0
+    for term in [1.0, 1.0] + [math.exp(-8.0)] * 1998:  # step 7's sequential sum
+        total += term
+    kept = set()
+    for top_p in (1.0 / total * (1 - 1e-12), 1.0 / total, 1.0 / total * (1 + 1e-12)):
+        params = SamplingParams(temperature=1.0, top_p=top_p, seed=8)
+        x = processed(row, params)
+        kept.add(1 if 1.0 >= top_p * total else 2)
+        before = path_counts()
+        for pos in range(6):
+            expected = reference_sample(row, params, pos, [], 0)
+            assert native_draws(x, params, pos) == {name: expected for name in PATHS}
+        assert (path_counts() - before).tolist() == [6, 0, 12]  # exhaustive, auto fell back
+    assert kept == {1, 2}
+
+
+def reference_on_float64(x, params, pos):
+    """Steps 3-9 of SAMPLER.md with no filters, literally, on a float64 row."""
+    order = sorted(range(len(x)), key=lambda t: (-x[t], t))
+    scores = [float(x[t]) / params.temperature + gumbel_noise(params.seed, pos, t)
+              for t in order]
+    return order[scores.index(max(scores))]
+
+
+def test_near_and_exact_ties_are_decided_like_the_reference():
+    """Token 1's score equals token 0's up to rounding, often exactly: the winner is the
+    reference's, which on an exact tie is the one with the larger x."""
+    tie_orders = set()
+    for seed in range(300):
+        g0, g1 = gumbel_noise(seed, 3, 0), gumbel_noise(seed, 3, 1)
+        x = np.array([0.0, g0 - g1, -5.0])
+        params = SamplingParams(temperature=1.0, seed=seed)
+        if 0.0 + g0 == (g0 - g1) + g1:
+            tie_orders.add(bool(x[1] > x[0]))
+        expected = reference_on_float64(x, params, 3)
+        assert sampling_native.draw(x, params, 3) == expected
+        assert numpy_draw(x, params, 3) == expected
+    assert tie_orders == {False, True}
+
+
+def unmix(z: int) -> int:
+    """The inverse of splitmix64's finalizer."""
+    z = z ^ (z >> 31) ^ (z >> 62)
+    z = (z * pow(0x94D049BB133111EB, -1, 1 << 64)) & MASK
+    z = z ^ (z >> 27) ^ (z >> 54)
+    z = (z * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & MASK
+    return z ^ (z >> 30) ^ (z >> 60)
+
+
+def seed_with_unit_uniform(token: int) -> int:
+    """A seed whose noise key at position 0 for `token` is 2**64 - 1, so u rounds to 1.0."""
+    position_key = unmix(MASK) ^ token
+    return (unmix(unmix(position_key)) - 0x9E3779B97F4A7C15) & MASK
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf - inf on the way to failing
+def test_a_uniform_of_one_fails_where_numpy_fails():
+    seed = seed_with_unit_uniform(5)
+    assert sampling.noise_key(seed, 0, 5) == MASK
+    assert sampling.keyed_uniform(seed, 0, [5])[0] == 1.0
+    row = np.zeros(8, dtype=np.float32)
+    row[5] = 1.0  # token 5 is kept: both paths refuse
+    params = SamplingParams(temperature=1.0, seed=seed)
+    x = processed(row, params)
+    with pytest.raises(ValueError, match="token 5 rounds to 1.0"):
+        sampling_native.draw(x, params, 0)
+    with pytest.raises(ValueError):
+        numpy_draw(x, params, 0)
+    row[5] = -100.0  # far below the best: neither path evaluates its noise
+    x = processed(row, params)
+    assert sampling_native.draw(x, params, 0) == numpy_draw(x, params, 0)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (np.array([0.0, 1.0, np.nan, 2.0, np.nan]), "NaN at token 2"),
+    (np.zeros(4, dtype=np.float32), "float64"),
+    (np.zeros(8)[::2], "C-contiguous"),
+    (np.zeros((2, 3)), "1-D"),
+    (np.zeros(0), "between 1 and"),
+    ([0.0, 1.0], "C-contiguous"),
+])
+def test_bad_rows_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        sampling_native.draw(bad, SamplingParams(temperature=1.0, seed=1), 0)
+
+
+@pytest.mark.parametrize("index,value,match", [
+    (1, -0.5, "temperature"), (1, float("inf"), "temperature"), (2, -1, "top_k"),
+    (3, 0.0, "top_p"), (3, 1.5, "top_p"), (4, -0.1, "min_p"), (4, float("nan"), "min_p"),
+    (5, -1, "seed"), (5, 1 << 64, "seed"), (6, -1, "pos"), (7, 3, "top_p_path"),
+])
+def test_bad_arguments_name_the_value(index, value, match):
+    args = [np.zeros(4), 1.0, 0, 1.0, 0.0, 1, 0, 0]
+    args[index] = value
+    with pytest.raises(ValueError, match=match):
+        native_module().draw(*args)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow on the way to failing
+def test_rows_without_a_finite_best_score():
+    params = SamplingParams(temperature=1.0, seed=1)
+    for row in (np.full(5, -np.inf), np.array([0.0, np.inf, 1.0]),
+                np.array([1e300, 0.0])):
+        scaled = SamplingParams(temperature=1e-10, seed=1) if row[0] == 1e300 else params
+        with pytest.raises(ValueError, match="no finite maximum"):
+            sampling_native.draw(row, scaled, 0)
+        with pytest.raises(ValueError, match="no finite maximum"):
+            numpy_draw(row, scaled, 0)
+    greedy = SamplingParams.greedy()
+    assert sampling_native.draw(np.array([0.0, np.inf, np.inf]), greedy, 0) == 1
+    assert sampling_native.draw(np.array([-0.0, 0.0, -1.0]), greedy, 0) == 0
+
+
+def test_missing_extension_is_reported(monkeypatch):
+    monkeypatch.setattr(sampling_native, "_native", None)
+    monkeypatch.setattr(sampling_native, "_UNAVAILABLE_REASON", "not built here")
+    assert not sampling_native.available()
+    assert sampling_native.unavailable_reason() == "not built here"
+    with pytest.raises(sampling_native.NativeSamplerUnavailable, match="not built here"):
+        sampling_native.draw(np.zeros(3), SamplingParams(seed=1), 0)
+
+
+def test_unresolved_seed_is_refused():
+    with pytest.raises(ValueError, match="seed"):
+        sampling_native.draw(np.zeros(3), SamplingParams(temperature=1.0), 0)
+
+
+def test_positions_wrap_like_the_python_key():
+    params = SamplingParams(temperature=1.0, seed=11)
+    x = processed(realistic_row(3, 500), params)
+    for pos in (-1, -12345, 1 << 64, (1 << 70) + 5):
+        assert sampling_native.draw(x, params, pos) == numpy_draw(x, params, pos)
+
+
+def test_negative_control_numpy_transcendentals_differ_from_math():
+    """Matching the reference is not automatic on this machine: numpy's own exp and log round
+    differently from the C library's (which math and the extension call) on some inputs."""
+    values = -np.random.default_rng(0).random(20000) * 38.0
+    assert any(np.exp(values) != [math.exp(v) for v in values.tolist()])
+    uniforms = np.random.default_rng(1).random(20000)
+    assert any(np.log(uniforms) != [math.log(v) for v in uniforms.tolist()])
+
+
+def test_negative_control_summation_order_changes_the_top_p_sum():
+    """Step 7's sum depends on its order, so the extension's sort order is observable."""
+    x = processed(realistic_row(4, 5000), SamplingParams(seed=0))
+    terms = np.exp(x - x.max())
+    in_order = 0.0
+    for term in np.sort(terms)[::-1].tolist():
+        in_order += term
+    by_id = 0.0
+    for term in terms.tolist():
+        by_id += term
+    assert in_order != by_id

@@ -148,7 +148,10 @@ class LlamaCppRunner:
         common = dict(model_path=model, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
                       verbose=False, seed=1234)
         self.serial = Llama(**common)
-        self.drafted = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+        # Verifying drafts reads the logits of every row, which llama-cpp-python keeps only
+        # with logits_all=True.
+        self.drafted = Llama(**common, logits_all=True,
+                             draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
 
     def prompt_ids(self, workload: Workload) -> list[int]:
         text = ("<|im_start|>user\n" + workload.prompt + "<|im_end|>\n<|im_start|>assistant\n")

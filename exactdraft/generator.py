@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import DraftContext, Drafter
 from exactdraft.guard import ExactnessError, check_row_invariance
 from exactdraft.models.target import Target
@@ -90,9 +91,12 @@ class Generator:
     def __init__(self, target: Target, drafter: Drafter | None = None,
                  verifier: Verifier | None = None, sampler: KeyedSampler | None = None,
                  tokenizer: Any | None = None, *, strict: bool = False,
-                 prefill_chunk: int = 512, guard: bool = True) -> None:
+                 prefill_chunk: int = 512, guard: bool = True,
+                 adaptive_depth: bool = True) -> None:
         """`guard=False` skips the load-time row-invariance check and drafts regardless; it
-        exists for measuring exactness empirically (exactdraft check), not for production."""
+        exists for measuring exactness empirically (exactdraft check), not for production.
+        `adaptive_depth` verifies only as many drafts as pay off, from verify-pass costs
+        measured on the loaded model and the running acceptance (exactdraft.depth)."""
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) \
                 or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
@@ -116,6 +120,9 @@ class Generator:
                 if strict:
                     raise ExactnessError(message)
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
+        self.depth_policy: DepthPolicy | None = None
+        if self.drafting_enabled and adaptive_depth:
+            self.depth_policy = DepthPolicy(measure_pass_costs(target, drafter.max_draft + 1))
 
     @property
     def drafting_enabled(self) -> bool:
@@ -193,8 +200,11 @@ class Generator:
         pending = [sampler.sample(logits[-1], params, pos=n_prompt, history=sequence,
                                   n_prompt=n_prompt)]
         stats.prefill_seconds = time.perf_counter() - clock
+        policy = self.depth_policy if drafter is not None else None
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(params, sampler, n_prompt))
+        if policy is not None:
+            policy.reset()
         while True:
             committed, reason = [], None
             for token in pending:
@@ -215,6 +225,8 @@ class Generator:
             yield Chunk(tokens=committed, text=stops.new_text(output))
             clock = time.perf_counter()
             limit = min(max_new_tokens - len(output), target.max_context - len(sequence)) - 1
+            if policy is not None:
+                limit = policy.depth(limit)
             proposed: list[int] = []
             if drafter is not None and limit > 0:
                 proposed = [int(t) for t in drafter.propose(sequence, limit)[:limit]]
@@ -225,5 +237,7 @@ class Generator:
                 stats.drafted += len(proposed)
                 stats.accepted += verdict.accepted
                 drafter.accepted(len(proposed), verdict.accepted)
+            if policy is not None:
+                policy.record(len(proposed), verdict.accepted)
             pending = [*proposed[:verdict.accepted], verdict.token]
             stats.decode_seconds += time.perf_counter() - clock

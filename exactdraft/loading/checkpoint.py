@@ -1,8 +1,8 @@
 """From a path, .gguf file or hub id to a config, weights and tokenizer, and then a Target.
 
-Invariant: weights come only from safetensors or GGUF files, never pickle; every problem with a
-checkpoint (missing path, missing or misshapen tensor, truncated file, unknown model type) is
-raised here, before a Generator exists, with the path or tensor named.
+Invariant: weights come only from safetensors or GGUF files, nothing executable; every problem
+with a checkpoint (missing path, missing or misshapen tensor, truncated file, unknown model type)
+is raised here, before a Generator exists, with the path or tensor named.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _safetensors_files(folder: str) -> list[str]:
     found = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not found:
         raise CheckpointError(f"{folder}: no safetensors weights found (only safetensors and "
-                              "GGUF are loaded, never pickle files)")
+                              "GGUF weights are loaded, never *.bin or *.pt files)")
     return [os.path.join(folder, f) for f in found]
 
 

@@ -1,7 +1,7 @@
 """Hub ids resolved to local folders through huggingface_hub, with errors that name the id.
 
 Invariant: only configuration, tokenizer and safetensors files are fetched or read from the
-hub; pickle weights (*.bin, *.pt) are never downloaded, so they can never be loaded.
+hub; weights in other formats (*.bin, *.pt) are never downloaded, so they can never be loaded.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def test_agrees_with_the_torch_cpu_formula_in_float32():
     x = random_rows(6, 64, seed=2)
     weight = torch.randn(64)
     cpu = weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS))
-    assert torch.allclose(norm.rms_norm(x, weight, EPS), cpu, rtol=1e-6, atol=0)
+    # Accuracy, not invariance: the two backends may round differently.
+    assert ((norm.rms_norm(x, weight, EPS) - cpu).abs() <= 1e-6 * cpu.abs()).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -65,7 +66,8 @@ def test_rows_longer_than_one_slice(same_bits):
     x = random_rows(3, length, seed=4)
     weight = torch.randn(length)
     out = norm.rms_norm(x, weight, EPS)
-    assert torch.allclose(out.double(), reference(x, weight), rtol=1e-5, atol=0)
+    expected = reference(x, weight)
+    assert ((out.double() - expected).abs() <= 1e-5 * expected.abs()).all()
     assert same_bits(out[1:2], norm.rms_norm(x[1:2], weight, EPS))
 
 

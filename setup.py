@@ -1,7 +1,9 @@
-"""Build of the optional C extension exactdraft._cpu_kernels (everything else is in pyproject).
+"""Build of the optional C extensions exactdraft._cpu_kernels and exactdraft._sampler (everything
+else is in pyproject).
 
-The extension is optional: if no C compiler is found or compilation fails, the build says why
-and the package installs without it; exactdraft.kernels.cpu then reports it unavailable.
+The extensions are optional: if no C compiler is found or compilation fails, the build says why
+and the package installs without them; exactdraft.kernels.cpu and exactdraft.sampling_native
+then report them unavailable and the slower Python paths run.
 Floating-point contraction is turned off so that every multiply and add is the one the source
 names (the kernels' bitwise row invariance relies on that); SIMD levels are compiled per source
 file with target attributes and picked at run time, so no -march flag is used.
@@ -16,25 +18,45 @@ from setuptools.command.build_ext import build_ext
 
 SOURCES = [
     "csrc/cpu/module.c",
+    "csrc/cpu/module_layer.c",
+    "csrc/cpu/decoder_layer.c",
     "csrc/cpu/dispatch.c",
     "csrc/cpu/thread_pool.c",
     "csrc/cpu/level_scalar.c",
     "csrc/cpu/level_avx2.c",
     "csrc/cpu/level_avx512.c",
+    "csrc/cpu/level_avx512vnni.c",
     "csrc/cpu/level_neon.c",
 ]
 HEADERS = [
     "csrc/cpu/kernels.h",
     "csrc/cpu/kernel_body.h",
+    "csrc/cpu/dot_body.h",
+    "csrc/cpu/attention_body.h",
+    "csrc/cpu/decoder_layer.h",
+    "csrc/cpu/module_args.h",
+    "csrc/cpu/module_layer.h",
     "csrc/cpu/dispatch.h",
     "csrc/cpu/thread_pool.h",
     "csrc/cpu/vec_scalar.h",
     "csrc/cpu/vec_avx2.h",
     "csrc/cpu/vec_avx512.h",
     "csrc/cpu/vec_neon.h",
+    "csrc/cpu/dot_scalar.h",
+    "csrc/cpu/dot_avx2.h",
+    "csrc/cpu/dot_avx512vnni.h",
+    "csrc/cpu/dot_neon.h",
 ]
 UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
               "-fvisibility=hidden", "-pthread", "-Wall"]
+# The sampler must round every operation as Python does: no contraction into fused
+# multiply-adds and no -ffast-math (its sources refuse to compile under the latter); it calls the
+# C library's exp and log, the functions Python's math module calls.
+SAMPLER_SOURCES = ["csrc/sampler/sampler.c", "csrc/sampler/draw.c", "csrc/sampler/order.c",
+                   "csrc/sampler/top_p.c"]
+SAMPLER_HEADERS = ["csrc/sampler/draw.h"]
+SAMPLER_UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden",
+                      "-Wall"]
 
 
 class OptionalBuildExt(build_ext):
@@ -43,8 +65,12 @@ class OptionalBuildExt(build_ext):
     def build_extensions(self) -> None:
         if self.compiler.compiler_type == "unix":
             for extension in self.extensions:
-                extension.extra_compile_args = UNIX_FLAGS
-                extension.extra_link_args = ["-pthread"]
+                if extension.name == "exactdraft._sampler":
+                    extension.extra_compile_args = SAMPLER_UNIX_FLAGS
+                    extension.libraries = ["m"]
+                else:
+                    extension.extra_compile_args = UNIX_FLAGS
+                    extension.extra_link_args = ["-pthread"]
         super().build_extensions()
 
     def run(self) -> None:
@@ -60,8 +86,8 @@ class OptionalBuildExt(build_ext):
             self._skip(error)
 
     def _skip(self, error: Exception) -> None:
-        print(f"warning: building the optional C extension failed ({error}); exactdraft "
-              "installs without it and its CPU kernels report unavailable", file=sys.stderr)
+        print(f"warning: building an optional C extension failed ({error}); exactdraft "
+              "installs without it and falls back to its slower Python paths", file=sys.stderr)
 
 
 # The Metal shader sources (and their C++ emulator) ship inside the package, where
@@ -72,6 +98,8 @@ setup(
     packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS],
     package_dir={SHADERS: "csrc/metal"},
     package_data={SHADERS: ["*.metal", "SUBSET.md", "emu/*.h", "emu/*.cpp"]},
-    ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS)],
+    ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS),
+                 Extension("exactdraft._sampler", sources=SAMPLER_SOURCES,
+                           depends=SAMPLER_HEADERS)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

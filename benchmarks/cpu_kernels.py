@@ -1,14 +1,20 @@
-"""Micro-benchmark of the CPU matmul kernel against torch on the same machine.
+"""Micro-benchmark of the CPU matmul kernel against torch on the same machine, and the cost of a
+SmolLM2 decode step and of W-row verify passes on the torch CPU backend.
 
 Invariant measured alongside speed: nothing; this only times. The kernel is compared with
 torch's `x @ W` in the two forms the torch backend can use: a one-row gemv (fast but not row
 invariant) and the padded form (rows padded to a multiple of 4, the row-invariant baseline).
-Quantized formats are compared with torch float32 on the dequantized weights.
+Quantized formats are compared with torch float32 on the dequantized weights; a "-dot" suffix
+(q4_1-dot) packs them for the integer-dot kernel, which quantizes activations to int8.
 
     python benchmarks/cpu_kernels.py [--threads N] [--repeat R] [--shapes 576x1536,...]
-                                     [--formats f32,q4_1,...]
+                                     [--formats f32,q4_1,q4_1-dot,...]
+    python benchmarks/cpu_kernels.py --model [--repeat R] [--context C]
 
 A shape KxN is x [M, K] times a weight [N, K]; bandwidth counts the weight bytes read once.
+--model times, on the bundled SmolLM2-135M GGUF after a C-token prompt, a one-token decode step
+(rows="last") and W-row passes (rows="all", W = 1, 2, 4, 8, 16) in ms, best of R, for the file's
+quantized weights (int8 activations, and float32 activations) and for float32 weights.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from collections.abc import Callable
 import numpy as np
 
 DEFAULT_SHAPES = ((576, 1536), (1536, 576), (576, 49152))
-DEFAULT_FORMATS = ("f32", "q4_1")
+DEFAULT_FORMATS = ("f32", "q4_1", "q4_1-dot")
+VERIFY_WIDTHS = (1, 2, 4, 8, 16)
 
 
 def best_seconds(call: Callable[[], object], repeat: int) -> float:
@@ -44,6 +51,7 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
     from exactdraft.kernels import cpu
     from exactdraft.models.weights import QuantizedTensor
 
+    format, dot = format.removesuffix("-dot"), format.endswith("-dot")
     if format == "f32":
         return cpu.pack_matrix(dense), dense
     if format == "bf16":
@@ -55,7 +63,7 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
 
     blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
     tensor = QuantizedTensor(format, blocks, dense.shape)
-    return cpu.pack_matrix(tensor), tensor.dequantize()
+    return cpu.pack_matrix(tensor, layout="dot" if dot else "grouped"), tensor.dequantize()
 
 
 def measure(format: str, depth: int, columns: int, repeat: int, rng) -> str:
@@ -73,7 +81,7 @@ def measure(format: str, depth: int, columns: int, repeat: int, rng) -> str:
     one_row, four_rows = torch.from_numpy(x[1]), torch.from_numpy(x[4])
     gemv = best_seconds(lambda: one_row @ torch_weight, repeat)
     padded = best_seconds(lambda: four_rows @ torch_weight, repeat)
-    return (f"{depth:>5}x{columns:<6} {format:>6} {ours[1] * 1e6:8.1f} "
+    return (f"{depth:>5}x{columns:<6} {format:>8} {ours[1] * 1e6:8.1f} "
             f"{packed.data.nbytes / ours[1] / 1e9:6.1f} {gemv / ours[1]:13.2f} "
             f"{padded / ours[1]:13.2f} {ours[8] / ours[1]:8.2f} {ours[16] / ours[1]:8.2f}")
 
@@ -91,12 +99,52 @@ def run(shapes: tuple[tuple[int, int], ...], formats: tuple[str, ...], threads: 
         torch.set_num_threads(threads)
     lines = [f"simd={cpu.simd_level()} threads={cpu.num_threads()} torch_threads="
              f"{torch.get_num_threads()}",
-             f"{'shape KxN':>12} {'format':>6} {'M=1 us':>8} {'GB/s':>6} {'vs torch gemv':>13} "
+             f"{'shape KxN':>12} {'format':>8} {'M=1 us':>8} {'GB/s':>6} {'vs torch gemv':>13} "
              f"{'vs torch pad4':>13} {'M=8/M=1':>8} {'M=16/M=1':>8}"]
     rng = np.random.default_rng(0)
     for depth, columns in shapes:
         for format in formats:
             lines.append(measure(format, depth, columns, repeat, rng))
+    return lines
+
+
+def model_passes(target, context: int, repeat: int) -> dict[str, float]:
+    """Best-of-`repeat` ms of a decode step and of W-row verify passes after `context` tokens."""
+    state = target.new_state()
+    target.forward(state, [(5 * i + 11) % target.vocab_size for i in range(context)])
+
+    def best(tokens: list[int], rows: str) -> float:
+        fastest = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            target.forward(state, tokens, rows=rows)
+            fastest = min(fastest, time.perf_counter() - start)
+            target.truncate(state, context)
+        return fastest * 1e3
+
+    best([17], "last")  # warm-up: threads awake, caches and allocator in their steady state
+    times = {"step": best([17], "last")}
+    for width in VERIFY_WIDTHS:
+        times[f"W={width}"] = best([(7 * i + 3) % target.vocab_size for i in range(width)], "all")
+    return times
+
+
+def run_model(context: int, repeat: int) -> list[str]:
+    """Result lines of --model: one per weight kind, times in ms."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.loading.checkpoint import load_checkpoint
+    from exactdraft.models.transformer import Transformer
+
+    lines = [f"SmolLM2-135M, {context}-token context, best of {repeat}, ms"]
+    for label, quantized, options in (("q4_1 int8 activations", True, {}),
+                                      ("q4_1 float activations", True,
+                                       {"quantized_activations": False}),
+                                      ("float32 weights", False, {})):
+        checkpoint = load_checkpoint(None, keep_quantized=quantized)
+        target = Transformer(checkpoint.config, checkpoint.tensors, TorchCPUBackend(**options))
+        times = model_passes(target, context, repeat)
+        cells = " ".join(f"{name} {value:.2f}" for name, value in times.items())
+        lines.append(f"{label:>23}: {cells}  W=8/step {times['W=8'] / times['step']:.2f}")
     return lines
 
 
@@ -106,8 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in DEFAULT_SHAPES))
     parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                        help="any of f32, bf16, q8_0, q4_0, q4_1")
+                        help="any of f32, bf16, q8_0, q4_0, q4_1, and q8_0-dot, q4_0-dot, q4_1-dot")
+    parser.add_argument("--model", action="store_true",
+                        help="time SmolLM2 decode steps and verify passes instead")
+    parser.add_argument("--context", type=int, default=200)
     args = parser.parse_args(argv)
+    if args.model:
+        if args.threads:
+            from exactdraft.kernels import cpu
+
+            cpu.set_num_threads(args.threads)
+        for line in run_model(args.context, args.repeat):
+            print(line)
+        return
     shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     print("ratios > 1 mean the kernel is faster than torch")
     for line in run(shapes, tuple(args.formats.split(",")), args.threads, args.repeat):

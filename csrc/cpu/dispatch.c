@@ -1,11 +1,12 @@
 /* Choosing the SIMD level once per process and spreading kernel work over the thread pool.
  *
  * Invariant: one level serves every call until it is changed explicitly, and the work split
- * (by output columns for matmul, (row, head) pairs for attention, rows otherwise) only decides
- * which thread computes an element, never how. Matmul column chunks are a function of N alone.
+ * (by output columns for matmul, (row, KV head) items for attention, rows otherwise) only decides
+ * which thread computes an element, never how.
  */
 #include "dispatch.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "thread_pool.h"
@@ -13,14 +14,19 @@
 /* Below these amounts of work a call runs on the calling thread: waking workers costs more. */
 #define PARALLEL_MIN_MACS 150000
 #define PARALLEL_MIN_ELEMENTS 65536
-/* Matmul splits N into at most this many chunks. */
-#define MATMUL_MAX_CHUNKS 64
+#define ATTENTION_PARALLEL_MIN_MACS 32768
+/* Matmul splits N into this many contiguous chunks per thread: few enough that each thread
+ * streams long runs of weights (which the prefetchers follow), enough to even out the load. */
+#define MATMUL_CHUNKS_PER_THREAD 4
 
 #if defined(HAVE_X86_LEVELS)
 static int x86_has(const char *feature)
 {
     __builtin_cpu_init();
     if (!strcmp(feature, "avx512")) return __builtin_cpu_supports("avx512f");
+    if (!strcmp(feature, "avx512vnni"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (!strcmp(feature, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return 0;
@@ -31,6 +37,7 @@ int supported_levels(const struct kernel_table **out, int capacity)
 {
     int count = 0;
 #if defined(HAVE_X86_LEVELS)
+    if (count < capacity && x86_has("avx512vnni")) out[count++] = &kernels_avx512vnni;
     if (count < capacity && x86_has("avx512")) out[count++] = &kernels_avx512;
     if (count < capacity && x86_has("avx2")) out[count++] = &kernels_avx2;
 #endif
@@ -55,8 +62,8 @@ const struct kernel_table *active_level(void)
 
 int select_level(const char *name)
 {
-    const struct kernel_table *levels[4];
-    int count = supported_levels(levels, 4);
+    const struct kernel_table *levels[8];
+    int count = supported_levels(levels, 8);
     for (int i = 0; i < count; i++) {
         if (!strcmp(levels[i]->name, name)) {
             active = levels[i];
@@ -68,9 +75,46 @@ int select_level(const char *name)
 
 /* ---- matmul ---- */
 
+/* The level whose integer-dot kernels serve `level`: its own, or (avx512 only, every CPU of
+ * which has AVX2) the avx2 level's; all levels give the same bits on this path. */
+static const struct kernel_table *dot_level(const struct kernel_table *level)
+{
+#if defined(HAVE_X86_LEVELS)
+    if (!level->dot_matmul_columns) return &kernels_avx2;
+#endif
+    return level;
+}
+
+struct quantize_job {
+    const struct quantize_problem *problem;
+    const struct kernel_table *kernels;
+    ptrdiff_t chunk;
+};
+
+static void quantize_item(void *context, ptrdiff_t item)
+{
+    const struct quantize_job *job = context;
+    ptrdiff_t first = item * job->chunk, end = first + job->chunk;
+    if (end > job->problem->rows) end = job->problem->rows;
+    job->kernels->quantize_rows(job->problem, first, end);
+}
+
+void run_quantize_rows(const struct quantize_problem *p)
+{
+    const struct kernel_table *kernels = dot_level(active_level());
+    if ((double)p->rows * (double)p->depth < PARALLEL_MIN_ELEMENTS || p->rows < 2) {
+        kernels->quantize_rows(p, 0, p->rows);
+        return;
+    }
+    ptrdiff_t pieces = 4 * (ptrdiff_t)pool_threads();
+    ptrdiff_t chunk = (p->rows + pieces - 1) / pieces;
+    struct quantize_job job = {p, kernels, chunk};
+    pool_run(quantize_item, &job, (p->rows + chunk - 1) / chunk);
+}
+
 struct matmul_job {
     const struct matmul_problem *problem;
-    const struct kernel_table *kernels;
+    void (*columns)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
     ptrdiff_t chunk;
 };
 
@@ -79,22 +123,59 @@ static void matmul_item(void *context, ptrdiff_t item)
     const struct matmul_job *job = context;
     ptrdiff_t first = item * job->chunk, end = first + job->chunk;
     if (end > job->problem->columns) end = job->problem->columns;
-    job->kernels->matmul_columns(job->problem, first, end);
+    job->columns(job->problem, first, end);
 }
 
-void run_matmul(const struct matmul_problem *p)
+/* Columns in chunks of whole tiles, MATMUL_CHUNKS_PER_THREAD per thread. Every column is
+ * computed on its own, so the chunking decides only which thread computes it. */
+static void run_columns(const struct matmul_problem *p, ptrdiff_t tile,
+                        void (*columns)(const struct matmul_problem *, ptrdiff_t, ptrdiff_t))
 {
-    const struct kernel_table *kernels = active_level();
     double macs = (double)p->rows * (double)p->columns * (double)p->depth;
     if (macs < PARALLEL_MIN_MACS) {
-        kernels->matmul_columns(p, 0, p->columns);
+        columns(p, 0, p->columns);
         return;
     }
-    ptrdiff_t tile = kernels->column_tile;
     ptrdiff_t tiles = (p->columns + tile - 1) / tile;
-    ptrdiff_t chunk = tile * ((tiles + MATMUL_MAX_CHUNKS - 1) / MATMUL_MAX_CHUNKS);
-    struct matmul_job job = {p, kernels, chunk};
+    ptrdiff_t chunks = MATMUL_CHUNKS_PER_THREAD * (ptrdiff_t)pool_threads();
+    ptrdiff_t chunk = tile * ((tiles + chunks - 1) / chunks);
+    struct matmul_job job = {p, columns, chunk};
     pool_run(matmul_item, &job, (p->columns + chunk - 1) / chunk);
+}
+
+static int run_dot_matmul(const struct matmul_problem *p)
+{
+    const struct kernel_table *kernels = dot_level(active_level());
+    const size_t per_block = (size_t)p->rows * (size_t)(p->depth / QUANT_BLOCK);
+    const size_t values = per_block * QUANT_BLOCK;
+    char *scratch = malloc(values + 4 * per_block * sizeof(float));
+    if (!scratch) return -1;
+    /* values is a multiple of 32 bytes, so the arrays after it are aligned for floats. */
+    float *floats = (float *)(scratch + values);
+    struct quantized_rows quantized = {
+        .values = (int8_t *)scratch, .scales = floats, .scaled_sums = floats + per_block,
+        .sums = (int32_t *)(floats + 2 * per_block), .starts = (int32_t *)(floats + 3 * per_block),
+    };
+    struct quantize_problem quantize = {p->x, &quantized, p->rows, p->depth};
+    run_quantize_rows(&quantize);
+    /* The codes' offset, taken out of every block's integer sum exactly. */
+    const int32_t offset = p->format == FORMAT_Q4_0   ? 8
+                           : p->format == FORMAT_Q8_0 ? kernels->q8_code_bias
+                                                      : 0;
+    for (size_t i = 0; i < per_block; i++) quantized.starts[i] = -offset * quantized.sums[i];
+    struct matmul_problem with_rows = *p;
+    with_rows.quantized = &quantized;
+    run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);
+    free(scratch);
+    return 0;
+}
+
+int run_matmul(const struct matmul_problem *p)
+{
+    if (p->layout == LAYOUT_DOT) return run_dot_matmul(p);
+    const struct kernel_table *kernels = active_level();
+    run_columns(p, kernels->column_tile, kernels->matmul_columns);
+    return 0;
 }
 
 /* ---- attention ---- */
@@ -107,7 +188,7 @@ struct attention_job {
 static void attention_item(void *context, ptrdiff_t item)
 {
     const struct attention_job *job = context;
-    job->kernels->attention_pairs(job->problem, item, item + 1);
+    job->kernels->attention_groups(job->problem, item, item + 1);
 }
 
 void run_attention(const struct attention_problem *p)
@@ -116,13 +197,13 @@ void run_attention(const struct attention_problem *p)
     double work = 0;
     for (ptrdiff_t m = 0; m < p->rows; m++) work += (double)(p->positions[m] + 1);
     work *= (double)p->heads * (double)p->head_dim;
-    ptrdiff_t pairs = p->rows * p->heads;
-    if (work < PARALLEL_MIN_MACS) {
-        kernels->attention_pairs(p, 0, pairs);
+    ptrdiff_t items = p->rows * p->kv_heads;
+    if (work < ATTENTION_PARALLEL_MIN_MACS || items < 2) {
+        kernels->attention_groups(p, 0, items);
         return;
     }
     struct attention_job job = {p, kernels};
-    pool_run(attention_item, &job, pairs);
+    pool_run(attention_item, &job, items);
 }
 
 /* ---- row-wise ops ---- */

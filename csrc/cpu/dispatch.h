@@ -1,8 +1,9 @@
 /* Choosing the SIMD level once per process and spreading kernel work over the thread pool.
  *
  * Invariant: one level serves every call until it is changed explicitly, and the work split
- * (by output columns for matmul, (row, head) pairs for attention, rows otherwise) only decides
- * which thread computes an element, never how.
+ * (by output columns for matmul, (row, KV head) items for attention, rows otherwise) only decides
+ * which thread computes an element, never how. The dot layout's matmul quantizes every row once
+ * per call, before any column is computed.
  */
 #ifndef EXACTDRAFT_CPU_DISPATCH_H
 #define EXACTDRAFT_CPU_DISPATCH_H
@@ -15,7 +16,10 @@ const struct kernel_table *active_level(void);
 /* Make the named level active; returns 0, or -1 if this CPU cannot run it. */
 int select_level(const char *name);
 
-void run_matmul(const struct matmul_problem *p);
+/* Returns 0, or -1 when the dot layout's scratch memory cannot be allocated. */
+int run_matmul(const struct matmul_problem *p);
+/* Quantize activation rows as the dot layout's matmul does (exposed for tests). */
+void run_quantize_rows(const struct quantize_problem *p);
 void run_attention(const struct attention_problem *p);
 void run_rms_norm(const struct rows_problem *p);
 void run_rope(const struct rows_problem *p);

@@ -1,5 +1,7 @@
 /* The kernels, written once against the vf primitives of one SIMD level (vec_*.h) and compiled
- * once per level by the level_*.c files, which name the table with KERNEL_TABLE.
+ * once per level by the level_*.c files, which name the table with KERNEL_TABLE. Attention is in
+ * attention_body.h; a level that also includes integer primitives (dot_*.h) gets the
+ * integer-dot matmul of dot_body.h.
  *
  * Invariant: the arithmetic of one output element depends only on the reduced length and the
  * format:
@@ -9,7 +11,7 @@
  *   share a sweep over K; every tile size runs the same per-element sequence.
  * - attention: keys are cut into KEY_TILE tiles aligned to absolute positions; a tile holds only
  *   the row's visible keys, tiles are merged by an online softmax in position order, so nothing
- *   past the row's own position (cache capacity, other rows) is ever read.
+ *   past the row's own position (cache capacity, other rows) is ever read (attention_body.h).
  * - elementwise ops run every element, tails included, through the same vector code (a tail is
  *   a zero-padded partial vector), so an element's bits never depend on where it sits.
  */
@@ -18,7 +20,6 @@
 
 #include "kernels.h"
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
 #define BLOCK_VECTORS (QUANT_BLOCK / VW)
 #define ROW_BLOCK 32
 
@@ -177,7 +178,7 @@ static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrd
         ptrdiff_t m1 = min_index(p->rows, m0 + ROW_BLOCK);
         for (ptrdiff_t n = first; n < end; n += TILE_COLUMNS) {
             int columns = (int)min_index(TILE_COLUMNS, end - n);
-            if (p->grouped) {
+            if (p->layout == LAYOUT_GROUPED) {
                 /* Blocks of a group's rows alternate, so a tile reads one sequential stream. */
                 ptrdiff_t group_start = n / WEIGHT_GROUP * WEIGHT_GROUP;
                 ptrdiff_t group_rows = min_index(WEIGHT_GROUP, p->columns - group_start);
@@ -201,102 +202,7 @@ static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrd
 /* ---------------------------------------------------------------------------------------- */
 /* attention                                                                                */
 
-#define MAX_HEAD_VECTORS (MAX_HEAD_DIM / VW + 1)
-
-/* One query row and head. `vectors` full vectors plus `tail` lanes make up the head dimension;
- * the instances below fix them at compile time for common head sizes, with identical
- * per-element arithmetic. */
-static ALWAYS_INLINE void attention_one(const struct attention_problem *p, ptrdiff_t row,
-                                        ptrdiff_t head, const ptrdiff_t vectors, const int tail)
-{
-    const ptrdiff_t dim = p->head_dim;
-    const ptrdiff_t kv_head = head / (p->heads / p->kv_heads);
-    const float *query = p->q + (row * p->heads + head) * dim;
-    const float *keys = p->keys + kv_head * p->capacity * dim;
-    const float *values = p->values + kv_head * p->capacity * dim;
-    const ptrdiff_t position = (ptrdiff_t)p->positions[row];
-    ptrdiff_t first = 0;
-    if (p->window > 0 && position - p->window + 1 > 0) first = position - p->window + 1;
-
-    vf q[MAX_HEAD_VECTORS], acc[MAX_HEAD_VECTORS];
-    for (ptrdiff_t v = 0; v < vectors; v++) {
-        q[v] = vf_load(query + v * VW);
-        acc[v] = vf_zero();
-    }
-    if (tail) {
-        q[vectors] = vf_load_partial(query + vectors * VW, tail);
-        acc[vectors] = vf_zero();
-    }
-    const ptrdiff_t all = vectors + (tail ? 1 : 0);
-    float running_max = -INFINITY, running_sum = 0.0f;
-    float scores[KEY_TILE];
-    for (ptrdiff_t start = first / KEY_TILE * KEY_TILE; start <= position; start += KEY_TILE) {
-        const ptrdiff_t lo = start > first ? start : first;
-        const ptrdiff_t hi = min_index(start + KEY_TILE - 1, position);
-        for (int j = 0; j < KEY_TILE; j++) scores[j] = -INFINITY;
-        for (ptrdiff_t j = lo; j <= hi; j++) {
-            const float *key = keys + j * dim;
-            vf dot = vf_zero();
-            for (ptrdiff_t v = 0; v < vectors; v++) dot = vf_fma(q[v], vf_load(key + v * VW), dot);
-            if (tail) dot = vf_fma(q[vectors], vf_load_partial(key + vectors * VW, tail), dot);
-            scores[j - start] = vf_sum(dot) * p->scale;
-        }
-        vf tile_max = vf_load(scores);
-        for (int v = 1; v < KEY_TILE / VW; v++) tile_max = vf_max(tile_max, vf_load(scores + v * VW));
-        const float top = vf_max_all(tile_max);
-        const float new_max = top > running_max ? top : running_max;
-        const vf shift = vf_set1(new_max);
-        vf tile_sum = vf_zero();
-        for (int v = 0; v < KEY_TILE / VW; v++) {
-            vf weight = vector_exp(vf_sub(vf_load(scores + v * VW), shift));
-            vf_store(scores + v * VW, weight);
-            tile_sum = vf_add(tile_sum, weight);
-        }
-        float rescale[VW];
-        vf_store(rescale, vector_exp(vf_set1(running_max - new_max)));
-        const vf alpha = vf_set1(rescale[0]);
-        running_sum = running_sum * rescale[0] + vf_sum(tile_sum);
-        running_max = new_max;
-        for (ptrdiff_t v = 0; v < all; v++) acc[v] = vf_mul(acc[v], alpha);
-        for (ptrdiff_t j = lo; j <= hi; j++) {
-            const float *value = values + j * dim;
-            const vf weight = vf_set1(scores[j - start]);
-            for (ptrdiff_t v = 0; v < vectors; v++)
-                acc[v] = vf_fma(weight, vf_load(value + v * VW), acc[v]);
-            if (tail)
-                acc[vectors] = vf_fma(weight, vf_load_partial(value + vectors * VW, tail),
-                                      acc[vectors]);
-        }
-    }
-    float *out = p->out + (row * p->heads + head) * dim;
-    const vf total = vf_set1(running_sum);
-    for (ptrdiff_t v = 0; v < vectors; v++) vf_store(out + v * VW, vf_div(acc[v], total));
-    if (tail) vf_store_partial(out + vectors * VW, vf_div(acc[vectors], total), tail);
-}
-
-static void attention_head64(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
-{
-    attention_one(p, row, head, 64 / VW, 0);
-}
-
-static void attention_head128(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
-{
-    attention_one(p, row, head, 128 / VW, 0);
-}
-
-static void attention_any(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head)
-{
-    attention_one(p, row, head, p->head_dim / VW, (int)(p->head_dim % VW));
-}
-
-/* (row, head) pairs [first, end), pair i being row i / heads and head i % heads. */
-static void attention_pairs(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end)
-{
-    void (*one)(const struct attention_problem *, ptrdiff_t, ptrdiff_t) = attention_any;
-    if (p->head_dim == 64) one = attention_head64;
-    if (p->head_dim == 128) one = attention_head128;
-    for (ptrdiff_t i = first; i < end; i++) one(p, i / p->heads, i % p->heads);
-}
+#include "attention_body.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* row-wise and elementwise ops                                                             */
@@ -390,12 +296,21 @@ static void silu_mul_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff
     }
 }
 
+#if defined(DOT_TILE_ROWS)
+#include "dot_body.h"
+#endif
+
 const struct kernel_table KERNEL_TABLE = {
     .name = LEVEL_NAME,
     .column_tile = TILE_COLUMNS,
     .matmul_columns = matmul_columns,
-    .attention_pairs = attention_pairs,
+    .attention_groups = attention_groups,
     .rms_norm_rows = rms_norm_rows,
     .rope_rows = rope_rows,
     .silu_mul_rows = silu_mul_rows,
+#if defined(DOT_TILE_ROWS)
+    .quantize_rows = quantize_rows,
+    .dot_matmul_columns = dot_matmul_columns,
+    .q8_code_bias = DOT_Q8_CODE_BIAS,
+#endif
 };

@@ -4,7 +4,9 @@
  * by the problem's shape along the reduced dimension (K for matmul, D and the row's own position
  * for attention) and the SIMD level picked once per process. Row count, a row's place in the
  * pass, tiling, work partition and thread count change which core runs an element and in what
- * order elements are visited, never the arithmetic of one element.
+ * order elements are visited, never the arithmetic of one element. The integer-dot matmul
+ * (LAYOUT_DOT) goes further: its integer sums are exact and its float steps are the same on
+ * every level, so its bits do not depend on the SIMD level either.
  */
 #ifndef EXACTDRAFT_CPU_KERNELS_H
 #define EXACTDRAFT_CPU_KERNELS_H
@@ -15,8 +17,21 @@
 enum weight_format { FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4_0 = 3,
                      FORMAT_Q4_1 = 4, FORMAT_COUNT = 5 };
 
+enum weight_layout { LAYOUT_ROWS = 0, LAYOUT_GROUPED = 1, LAYOUT_DOT = 2, LAYOUT_COUNT = 3 };
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* Quantized formats hold blocks of 32 weights along K. */
 #define QUANT_BLOCK 32
+/* The dot layout (quantized formats only) stores the weight rows in groups of DOT_GROUP: for
+ * group g and block b, one record of DOT_GROUP * block bytes holds the 16 float16 scales d, for
+ * q4_1 the 16 float16 minimums m, then the weight codes in chunks of 64 bytes, 4 bytes per row
+ * of the group: q8_0 chunk j (0..7) holds w[4j..4j+3] + 128 as unsigned bytes; q4_0 and q4_1
+ * chunk t (0..3) holds bytes 4t..4t+3 of the GGUF block, whose low nibbles are elements
+ * 4t..4t+3 and high nibbles elements 16+4t..16+4t+3. A last, partial group is padded with zero
+ * blocks. */
+#define DOT_GROUP 16
+#define DOT_CHUNK 64
 /* The grouped weight layout interleaves the blocks of this many consecutive weight rows:
  * row n's block b sits at group base + (b * rows in the group + n % WEIGHT_GROUP) * block bytes. */
 #define WEIGHT_GROUP 4
@@ -25,15 +40,34 @@ enum weight_format { FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4
 /* Attention keeps per-head accumulators on the stack; this bounds the head dimension. */
 #define MAX_HEAD_DIM 1024
 
+/* Activation rows quantized per block of 32 for the dot layout: scale d = max |x| / 127 (0 for
+ * a zero block), q = x / d rounded to nearest even and clamped to [-127, 127]. Block-major, so
+ * that a tile of rows finds its block's values at fixed offsets. */
+struct quantized_rows {
+    int8_t *values;          /* [K / 32, M, 32] */
+    float *scales;           /* [K / 32, M]: d */
+    float *scaled_sums;      /* [K / 32, M]: d * (float)sum(q) */
+    int32_t *sums;           /* [K / 32, M]: sum(q) */
+    int32_t *starts;         /* [K / 32, M]: the integer sum a block's dot starts from, which
+                              * corrects for codes stored with an offset (set by the matmul) */
+};
+
 struct matmul_problem {
     const float *x;          /* [M, K] */
-    const uint8_t *weight;   /* [N, row_bytes] */
+    const uint8_t *weight;   /* [N, row_bytes] (rows, grouped) or dot records */
     const float *bias;       /* [N] or NULL */
     float *out;              /* [M, N] */
     ptrdiff_t rows, depth, columns;  /* M, K, N */
     size_t row_bytes;
     int format;
-    int grouped;             /* 1: the grouped layout (depth % 32 == 0); 0: plain rows */
+    int layout;              /* enum weight_layout; grouped and dot need depth % 32 == 0 */
+    const struct quantized_rows *quantized; /* the dot layout's quantized x */
+};
+
+struct quantize_problem {
+    const float *x;          /* [M, K] */
+    const struct quantized_rows *out;
+    ptrdiff_t rows, depth;
 };
 
 struct attention_problem {
@@ -60,10 +94,18 @@ struct kernel_table {
     const char *name;
     ptrdiff_t column_tile;   /* matmul output columns computed together */
     void (*matmul_columns)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
-    void (*attention_pairs)(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end);
+    /* Items [first, end) of (row, KV head): item i is row i / kv_heads, KV head i % kv_heads. */
+    void (*attention_groups)(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*rms_norm_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*rope_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*silu_mul_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
+    /* The integer-dot path; NULL on a level that borrows another level's (identical) one.
+     * dot_matmul_columns covers output columns [first, end), first a multiple of DOT_GROUP. */
+    void (*quantize_rows)(const struct quantize_problem *p, ptrdiff_t first, ptrdiff_t end);
+    void (*dot_matmul_columns)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
+    /* The level's dot primitives see q8_0 weights as w + q8_code_bias (128 where the product
+     * needs an unsigned operand, else 0); q4 codes are the stored 0..15 everywhere. */
+    int q8_code_bias;
 };
 
 extern const struct kernel_table kernels_scalar;
@@ -71,6 +113,7 @@ extern const struct kernel_table kernels_scalar;
 #define HAVE_X86_LEVELS 1
 extern const struct kernel_table kernels_avx2;
 extern const struct kernel_table kernels_avx512;
+extern const struct kernel_table kernels_avx512vnni;
 #endif
 #if defined(__aarch64__)
 #define HAVE_NEON_LEVEL 1

@@ -19,6 +19,7 @@
 #define LEVEL_NAME "avx2"
 #define KERNEL_TABLE kernels_avx2
 #include "vec_avx2.h"
+#include "dot_avx2.h"
 #include "kernel_body.h"
 
 #if defined(__clang__)

@@ -1,7 +1,9 @@
 /* The kernels compiled for AVX-512F (with AVX2, FMA and F16C, which every AVX-512F CPU has).
  *
  * Invariant: see kernel_body.h; this file only picks the instruction set. dispatch.c calls these
- * kernels only after checking at run time that the CPU supports them.
+ * kernels only after checking at run time that the CPU supports them. This level has no integer
+ * primitives of its own (512-bit byte arithmetic needs AVX-512BW): the dispatcher gives it the
+ * avx2 level's integer-dot matmul, whose bits every level shares.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

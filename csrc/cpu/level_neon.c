@@ -6,5 +6,6 @@
 #define LEVEL_NAME "neon"
 #define KERNEL_TABLE kernels_neon
 #include "vec_neon.h"
+#include "dot_neon.h"
 #include "kernel_body.h"
 #endif

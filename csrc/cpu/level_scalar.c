@@ -9,4 +9,5 @@
 #define LEVEL_NAME "scalar"
 #define KERNEL_TABLE kernels_scalar
 #include "vec_scalar.h"
+#include "dot_scalar.h"
 #include "kernel_body.h"

@@ -8,92 +8,26 @@
 #include <Python.h>
 
 #include "dispatch.h"
+#include "module_args.h"
+#include "module_layer.h"
 #include "thread_pool.h"
 
-/* Calls with less work than this keep the GIL: releasing and taking it back costs more. */
-#define RELEASE_GIL_MIN_WORK 1000000.0
-
-static const size_t BLOCK_BYTES[FORMAT_COUNT] = {0, 0, 34, 18, 20};
-
-/* A data pointer given as an integer, or as an object with a contiguous buffer (a numpy array);
- * the caller keeps the object alive for the whole call. */
-static int take_pointer(PyObject *arg, const char *name, int may_be_null, void **out)
-{
-    if (!PyLong_Check(arg) && PyObject_CheckBuffer(arg)) {
-        Py_buffer view;
-        if (PyObject_GetBuffer(arg, &view, PyBUF_ANY_CONTIGUOUS) != 0) return -1;
-        *out = view.buf;
-        PyBuffer_Release(&view);
-    } else {
-        *out = PyLong_AsVoidPtr(arg);
-    }
-    if (*out == NULL && PyErr_Occurred()) return -1;
-    if (*out == NULL && !may_be_null) {
-        PyErr_Format(PyExc_ValueError, "%s must be a non-null data pointer", name);
-        return -1;
-    }
-    return 0;
-}
-
-static int take_size(PyObject *arg, const char *name, Py_ssize_t minimum, Py_ssize_t *out)
-{
-    *out = PyLong_AsSsize_t(arg);
-    if (*out == -1 && PyErr_Occurred()) return -1;
-    if (*out < minimum) {
-        PyErr_Format(PyExc_ValueError, "%s must be at least %zd, got %zd", name, minimum, *out);
-        return -1;
-    }
-    return 0;
-}
-
-static int take_float(PyObject *arg, float *out)
-{
-    double value = PyFloat_AsDouble(arg);
-    if (value == -1.0 && PyErr_Occurred()) return -1;
-    *out = (float)value;
-    return 0;
-}
-
-static int expect_arguments(Py_ssize_t nargs, Py_ssize_t expected, const char *function)
-{
-    if (nargs == expected) return 0;
-    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", function, expected, nargs);
-    return -1;
-}
-
-#define RUN(work, call)                                    \
-    do {                                                   \
-        if ((work) >= RELEASE_GIL_MIN_WORK) {              \
-            Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS \
-        } else {                                           \
-            call;                                          \
-        }                                                  \
-    } while (0)
-
-/* matmul(x, rows, depth, weight, columns, format, grouped, bias_or_0, out); grouped is 1 for
- * the grouped weight layout (see kernels.h), 0 for plain rows. */
+/* matmul(x, rows, depth, weight, columns, format, layout, bias_or_0, out); layout is a
+ * weight_layout code (kernels.h). */
 static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    struct matmul_problem p;
+    struct matmul_problem p = {0};
     void *x, *weight, *bias, *out;
-    Py_ssize_t rows, depth, columns, format, grouped;
+    Py_ssize_t rows, depth, columns, format, layout;
     if (expect_arguments(nargs, 9, "matmul") || take_pointer(args[0], "x", 0, &x) ||
         take_size(args[1], "rows", 1, &rows) || take_size(args[2], "depth", 1, &depth) ||
         take_pointer(args[3], "weight", 0, &weight) ||
         take_size(args[4], "columns", 1, &columns) || take_size(args[5], "format", 0, &format) ||
-        take_size(args[6], "grouped", 0, &grouped) || take_pointer(args[7], "bias", 1, &bias) ||
-        take_pointer(args[8], "out", 0, &out))
+        take_size(args[6], "layout", 0, &layout) || take_pointer(args[7], "bias", 1, &bias) ||
+        take_pointer(args[8], "out", 0, &out) ||
+        check_weight_codes("weight", format, layout, depth))
         return NULL;
-    if (format >= FORMAT_COUNT) {
-        PyErr_Format(PyExc_ValueError, "unknown weight format code %zd", format);
-        return NULL;
-    }
-    if ((format >= FORMAT_Q8_0 || grouped) && depth % QUANT_BLOCK) {
-        PyErr_Format(PyExc_ValueError,
-                     "quantized or grouped weights need depth %% 32 == 0, got %zd", depth);
-        return NULL;
-    }
     p.x = x;
     p.weight = weight;
     p.bias = bias;
@@ -102,11 +36,36 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nar
     p.depth = depth;
     p.columns = columns;
     p.format = (int)format;
-    p.grouped = grouped != 0;
-    if (format == FORMAT_F32) p.row_bytes = (size_t)depth * 4;
-    else if (format == FORMAT_BF16) p.row_bytes = (size_t)depth * 2;
-    else p.row_bytes = (size_t)(depth / QUANT_BLOCK) * BLOCK_BYTES[format];
-    RUN((double)rows * (double)columns * (double)depth, run_matmul(&p));
+    p.layout = (int)layout;
+    p.row_bytes = weight_row_bytes(format, depth);
+    int status;
+    RUN((double)rows * (double)columns * (double)depth, status = run_matmul(&p));
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* quantize_rows(x, rows, depth, values, scales, scaled_sums, sums): the dot layout's activation
+ * quantization on its own, block-major (int8 values [K / 32, M, 32]; float32, float32, int32
+ * [K / 32, M]). */
+static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *x, *values, *scales, *scaled_sums, *sums;
+    Py_ssize_t rows, depth;
+    if (expect_arguments(nargs, 7, "quantize_rows") || take_pointer(args[0], "x", 0, &x) ||
+        take_size(args[1], "rows", 1, &rows) || take_size(args[2], "depth", 1, &depth) ||
+        take_pointer(args[3], "values", 0, &values) ||
+        take_pointer(args[4], "scales", 0, &scales) ||
+        take_pointer(args[5], "scaled_sums", 0, &scaled_sums) ||
+        take_pointer(args[6], "sums", 0, &sums))
+        return NULL;
+    if (depth % QUANT_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "quantize_rows needs depth %% 32 == 0, got %zd", depth);
+        return NULL;
+    }
+    struct quantized_rows out = {values, scales, scaled_sums, sums, NULL};
+    struct quantize_problem p = {x, &out, rows, depth};
+    RUN((double)rows * (double)depth, run_quantize_rows(&p));
     Py_RETURN_NONE;
 }
 
@@ -267,8 +226,8 @@ static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    const struct kernel_table *levels[4];
-    int count = supported_levels(levels, 4);
+    const struct kernel_table *levels[8];
+    int count = supported_levels(levels, 8);
     PyObject *names = PyTuple_New(count);
     if (!names) return NULL;
     for (int i = 0; i < count; i++) {
@@ -296,6 +255,12 @@ static PyObject *py_set_simd_level(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, "x @ weight.T (+ bias)"},
+    {"quantize_rows", (PyCFunction)(void (*)(void))py_quantize_rows, METH_FASTCALL,
+     "int8 block quantization of activation rows, as the dot layout's matmul does it"},
+    {"layer_plan", (PyCFunction)(void (*)(void))py_layer_plan, METH_FASTCALL,
+     "a decoder layer's weights and sizes, checked once, for decoder_layer"},
+    {"decoder_layer", (PyCFunction)(void (*)(void))py_decoder_layer, METH_FASTCALL,
+     "one llama-family decoder layer for M rows"},
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_FASTCALL,
      "causal grouped-query attention over a KV buffer"},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "RMS norm of rows"},

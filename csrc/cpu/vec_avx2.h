@@ -8,6 +8,8 @@
 
 #define VW 8
 #define TILE_ROWS 4
+/* Vector registers attention may fill with one head's accumulators, side by side. */
+#define ATTENTION_REGISTERS 8
 #define TILE_COLUMNS 2
 
 typedef __m256 vf;
@@ -37,11 +39,42 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
 
+static inline vf vf_abs(vf a)
+{
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
+}
+
+/* Store the 8 lanes, integral values in [-127, 127], as int8. */
+static inline void vf_store_int8(int8_t *p, vf v)
+{
+    __m256i whole = _mm256_cvtps_epi32(v);
+    __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(whole),
+                                     _mm256_extracti128_si256(whole, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(halves, halves));
+}
+
 static inline float vf_sum(vf v)
 {
     __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+/* Lane k of the result is vf_sum(d[k]), bit for bit: the same lanes meet in the same pairing
+ * tree (halves, then pairs, then neighbours), eight sums at a time. */
+static inline vf vf_sum_lanes(const vf d[VW])
+{
+    vf halves[4], pairs[2];
+    for (int k = 0; k < 4; k++)
+        halves[k] = _mm256_add_ps(_mm256_permute2f128_ps(d[2 * k], d[2 * k + 1], 0x20),
+                                  _mm256_permute2f128_ps(d[2 * k], d[2 * k + 1], 0x31));
+    for (int k = 0; k < 2; k++)
+        pairs[k] = _mm256_add_ps(_mm256_shuffle_ps(halves[2 * k], halves[2 * k + 1], 0x44),
+                                 _mm256_shuffle_ps(halves[2 * k], halves[2 * k + 1], 0xee));
+    vf sums = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], 0x88),
+                            _mm256_shuffle_ps(pairs[0], pairs[1], 0xdd));
+    /* Lane 4 h + r now holds the sum of d[h + 2 r]. */
+    return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 static inline float vf_max_all(vf v)

@@ -7,6 +7,8 @@
 
 #define VW 16
 #define TILE_ROWS 4
+/* Vector registers attention may fill with one head's accumulators, side by side. */
+#define ATTENTION_REGISTERS 16
 #define TILE_COLUMNS 4
 
 typedef __m512 vf;
@@ -31,6 +33,14 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
 
+static inline vf vf_abs(vf a) { return _mm512_abs_ps(a); }
+
+/* Store the 16 lanes, integral values in [-127, 127], as int8. */
+static inline void vf_store_int8(int8_t *p, vf v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+
 static inline float vf_sum(vf v)
 {
     __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -38,6 +48,27 @@ static inline float vf_sum(vf v)
     __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
     __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+/* Lane k of the result is vf_sum(d[k]), bit for bit: the same lanes meet in the same pairing
+ * tree (halves, then quarters, then pairs, then neighbours), sixteen sums at a time. */
+static inline vf vf_sum_lanes(const vf d[VW])
+{
+    vf halves[8], quarters[4], pairs[2];
+    for (int k = 0; k < 8; k++)
+        halves[k] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0x44),
+                                  _mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0xee));
+    for (int k = 0; k < 4; k++)
+        quarters[k] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * k], halves[2 * k + 1], 0x88),
+                                    _mm512_shuffle_f32x4(halves[2 * k], halves[2 * k + 1], 0xdd));
+    for (int k = 0; k < 2; k++)
+        pairs[k] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * k], quarters[2 * k + 1], 0x44),
+                                 _mm512_shuffle_ps(quarters[2 * k], quarters[2 * k + 1], 0xee));
+    vf sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88),
+                            _mm512_shuffle_ps(pairs[0], pairs[1], 0xdd));
+    /* Lane 4 q + r now holds the sum of d[q + 4 r]. */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, sums);
 }
 
 static inline float vf_max_all(vf v)

@@ -8,6 +8,8 @@
 
 #define VW 4
 #define TILE_ROWS 4
+/* Vector registers attention may fill with one head's accumulators, side by side. */
+#define ATTENTION_REGISTERS 16
 #define TILE_COLUMNS 4
 
 typedef float32x4_t vf;
@@ -36,10 +38,30 @@ static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
 static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); }
 static inline vf vf_min(vf a, vf b) { return vminq_f32(a, b); }
 
+static inline vf vf_abs(vf a) { return vabsq_f32(a); }
+
+/* Store the 4 lanes, integral values in [-127, 127], as int8. */
+static inline void vf_store_int8(int8_t *p, vf v)
+{
+    int16x4_t narrow = vmovn_s32(vcvtq_s32_f32(v));
+    int8x8_t bytes = vmovn_s16(vcombine_s16(narrow, narrow));
+    vst1_lane_s32((int32_t *)(void *)p, vreinterpret_s32_s8(bytes), 0);
+}
+
 static inline float vf_sum(vf v)
 {
     float32x2_t two = vadd_f32(vget_low_f32(v), vget_high_f32(v));
     return vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
+}
+
+/* Lane k of the result is vf_sum(d[k]), bit for bit: halves, then neighbours, as vf_sum adds. */
+static inline vf vf_sum_lanes(const vf d[VW])
+{
+    vf first = vaddq_f32(vcombine_f32(vget_low_f32(d[0]), vget_low_f32(d[1])),
+                         vcombine_f32(vget_high_f32(d[0]), vget_high_f32(d[1])));
+    vf second = vaddq_f32(vcombine_f32(vget_low_f32(d[2]), vget_low_f32(d[3])),
+                          vcombine_f32(vget_high_f32(d[2]), vget_high_f32(d[3])));
+    return vpaddq_f32(first, second);
 }
 
 static inline float vf_max_all(vf v)

@@ -10,6 +10,8 @@
 
 #define VW 8
 #define TILE_ROWS 2
+/* Vector registers attention may fill with one head's accumulators, side by side. */
+#define ATTENTION_REGISTERS 8
 #define TILE_COLUMNS 2
 
 typedef struct { float lane[VW]; } vf;
@@ -43,12 +45,28 @@ static inline vf vf_fma(vf a, vf b, vf c)
 static inline vf vf_max(vf a, vf b) { vf r; LANEWISE(a.lane[i] > b.lane[i] ? a.lane[i] : b.lane[i]); return r; }
 static inline vf vf_min(vf a, vf b) { vf r; LANEWISE(a.lane[i] < b.lane[i] ? a.lane[i] : b.lane[i]); return r; }
 
+static inline vf vf_abs(vf a) { vf r; LANEWISE(fabsf(a.lane[i])); return r; }
+
+/* Store the lanes, integral values in [-127, 127], as int8. */
+static inline void vf_store_int8(int8_t *p, vf v)
+{
+    for (int i = 0; i < VW; i++) p[i] = (int8_t)(int)v.lane[i];
+}
+
 static inline float vf_sum(vf v)
 {
     float four[4], two[2];
     for (int i = 0; i < 4; i++) four[i] = v.lane[i] + v.lane[i + 4];
     for (int i = 0; i < 2; i++) two[i] = four[i] + four[i + 2];
     return two[0] + two[1];
+}
+
+/* Lane k of the result is vf_sum(d[k]). */
+static inline vf vf_sum_lanes(const vf d[VW])
+{
+    vf r;
+    for (int k = 0; k < VW; k++) r.lane[k] = vf_sum(d[k]);
+    return r;
 }
 
 static inline float vf_max_all(vf v)

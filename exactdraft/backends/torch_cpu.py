@@ -6,7 +6,14 @@ weight format only; attention reads fixed tiles aligned to absolute positions an
 a row's own position; thread partitions follow the weight shape), so no row ever depends on
 the row count, its place in the pass, or the thread count. Weights stay in their stored format:
 float32, bfloat16 (dtype="bfloat16"), or GGUF q8_0/q4_0/q4_1 blocks when a checkpoint is
-loaded with keep_quantized=True; activations and the KV cache are float32.
+loaded with keep_quantized=True; activations and the KV cache are float32. Quantized weights
+multiply int8-quantized activation rows with exact integer block sums by default
+(quantized_activations=True, as llama.cpp does; each row is quantized on its own, so rows stay
+invariant); quantized_activations=False keeps float32 activations.
+
+`decoder_layer` (fused_layers=True) runs a whole decoder layer in one C call that makes the
+same kernel calls as the per-op methods, in the same order, so the two paths give the same bits;
+with fused_layers=False the attribute is None and the model runs its generic per-op body.
 
 Every tensor these methods hand to a kernel is one this backend made (contiguous float32 of a
 known shape), so they call the extension with raw data pointers instead of re-checking each
@@ -36,7 +43,15 @@ class Matrix:
         data = packed.data
         self.address = data.ctypes.data if isinstance(data, np.ndarray) else data.data_ptr()
         self.format = cpu.FORMAT_CODES[packed.format]
-        self.grouped = packed.layout == "grouped"
+        self.layout = packed.layout_code
+
+    def plan_entry(self, bias: Any | None) -> tuple[int, int, int, int, int, int]:
+        """What the C layer plan takes for this weight and its bias."""
+        return (self.address, 0 if bias is None else bias.data_ptr(), self.columns, self.depth,
+                self.format, self.layout)
+
+
+_PLAN_ATTRIBUTE = "_cpu_layer_plan"
 
 
 class TorchCPUBackend(TorchBackend):
@@ -45,26 +60,38 @@ class TorchCPUBackend(TorchBackend):
     name = "torch"
 
     def __init__(self, device: str | None = None, dtype: str | None = None,
-                 key_block: int = 256) -> None:
+                 key_block: int = 256, quantized_activations: bool = True,
+                 fused_layers: bool = True) -> None:
         if not cpu.available():
             raise BackendError(f"the C kernels are unavailable: {cpu.unavailable_reason()}")
         if (dtype or "float32") not in ("float32", "bfloat16"):
             raise BackendError(f"the C kernels keep weights in float32 or bfloat16, not {dtype!r}")
+        for name, flag in (("quantized_activations", quantized_activations),
+                           ("fused_layers", fused_layers)):
+            if not isinstance(flag, bool):
+                raise BackendError(f"{name} must be True or False, got {flag!r}")
         super().__init__(device=device, dtype=dtype, key_block=key_block)
         import torch
 
         self._torch = torch
         self._native = cpu.native()
+        self.quantized_activations = quantized_activations
+        self.fused_layers = fused_layers
+        if not fused_layers:
+            self.decoder_layer = None  # the model then runs its generic per-op body
 
     def __repr__(self) -> str:
-        return f"TorchCPUBackend(dtype={self.dtype!r}, simd={cpu.simd_level()!r})"
+        return (f"TorchCPUBackend(dtype={self.dtype!r}, simd={cpu.simd_level()!r}, "
+                f"quantized_activations={self.quantized_activations}, "
+                f"fused_layers={self.fused_layers})")
 
     def _empty(self, *shape: int) -> Any:
         return self._torch.empty(shape, dtype=self._torch.float32)
 
     def matrix(self, weight: Any) -> Matrix:
         if isinstance(weight, QuantizedTensor):
-            return Matrix(cpu.pack_matrix(weight))
+            layout = "dot" if self.quantized_activations else "grouped"
+            return Matrix(cpu.pack_matrix(weight, layout=layout))
         dense = np.array(weight, dtype=np.float32)
         if dense.ndim != 2:
             raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
@@ -75,12 +102,18 @@ class TorchCPUBackend(TorchBackend):
     def vector(self, values: np.ndarray) -> Any:
         return self._torch.from_numpy(np.array(values, dtype=np.float32))
 
+    def embedding(self, table: Any, token_ids: np.ndarray) -> Any:
+        # A numpy gather: torch's indexing may start its OpenMP threads, which then spin on the
+        # cores the C kernels' own threads need.
+        ids = np.asarray(token_ids, dtype=np.int64)
+        return self._torch.from_numpy(table.numpy()[ids])
+
     def linear(self, x: Any, weight: Matrix, bias: Any | None = None) -> Any:
         x = x.contiguous()
         rows = x.shape[0]
         out = self._empty(rows, weight.columns)
         self._native.matmul(x.data_ptr(), rows, weight.depth, weight.address, weight.columns,
-                            weight.format, weight.grouped,
+                            weight.format, weight.layout,
                             0 if bias is None else bias.data_ptr(), out.data_ptr())
         return out
 
@@ -129,6 +162,36 @@ class TorchCPUBackend(TorchBackend):
                                values.data_ptr(), kv_heads, capacity, positions, window, scale,
                                out.data_ptr())
         return out
+
+    def decoder_layer(self, hidden: Any, layer: Any, keys: Any, values: Any, start: int,
+                      cos: Any, sin: Any, scale: float, config: Any) -> Any:
+        """One decoder layer (models/transformer.py's Layer) for rows at positions start..:
+        writes the rows' keys and values into the buffers [Hkv, capacity, D] and returns the new
+        hidden [M, H]; bit for bit the per-op body of Transformer.forward on this backend."""
+        key = (scale, config.rms_norm_eps)
+        cached = getattr(layer, _PLAN_ATTRIBUTE, None)
+        if cached is None or cached[0] != key:
+            cached = (key, self._layer_plan(layer, scale, config))
+            setattr(layer, _PLAN_ATTRIBUTE, cached)  # lives and dies with the layer's weights
+        hidden = hidden.contiguous()
+        rows = hidden.shape[0]
+        out = self._empty(rows, hidden.shape[1])
+        self._native.decoder_layer(cached[1], hidden.data_ptr(), out.data_ptr(), rows,
+                                   keys.data_ptr(), values.data_ptr(), keys.shape[1], start,
+                                   cos.data_ptr(), sin.data_ptr())
+        return out
+
+    def _layer_plan(self, layer: Any, scale: float, config: Any) -> Any:
+        def address(vector: Any | None) -> int:
+            return 0 if vector is None else vector.data_ptr()
+
+        c = config
+        return self._native.layer_plan(
+            c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+            layer.window, c.rms_norm_eps, scale, address(layer.attention_norm),
+            address(layer.mlp_norm), address(layer.q_norm), address(layer.k_norm),
+            layer.qkv.plan_entry(layer.qkv_bias), layer.output.plan_entry(layer.output_bias),
+            layer.gate_up.plan_entry(layer.gate_up_bias), layer.down.plan_entry(layer.down_bias))
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.numpy()

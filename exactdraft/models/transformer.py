@@ -208,7 +208,13 @@ class Transformer:
         q_size = c.num_heads * c.head_dim
         kv_size = c.num_kv_heads * c.head_dim
         hidden = be.embedding(self.embed, ids)
+        # A backend may run a whole layer in one call; it must give the bits of the body below.
+        fused = getattr(be, "decoder_layer", None)
         for index, layer in enumerate(self.layers):
+            if fused is not None:
+                hidden = fused(hidden, layer, cache.keys[index], cache.values[index], start, cos,
+                               sin, self.scale, c)
+                continue
             x = be.rms_norm(hidden, layer.attention_norm, c.rms_norm_eps)
             qkv = be.linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, :q_size].reshape(count, c.num_heads, c.head_dim)

@@ -248,6 +248,20 @@ def test_attention_chunked_prefill_equals_one_pass():
     assert np.array_equal(whole, bits(np.concatenate(chunks)))
 
 
+@pytest.mark.parametrize("group,head_dim", [(2, 64), (3, 64), (5, 64), (7, 40), (3, 128)])
+def test_heads_sharing_a_kv_head_get_the_bits_they_get_alone(level, group, head_dim):
+    """Query heads of one KV head are computed side by side; each must get the bits of a
+    lone head (the same keys and values given to every head as its own KV head)."""
+    rng = np.random.default_rng(16)
+    keys, values = kv_buffers(rng, 2, 130, head_dim)
+    q = rng.standard_normal((3, 2 * group, head_dim)).astype(np.float32)
+    positions = np.array([5, 70, 129])
+    shared = bits(cpu.attention(q, keys, values, positions, 0, 0.3))
+    alone = bits(cpu.attention(q, np.repeat(keys, group, 0), np.repeat(values, group, 0),
+                               positions, 0, 0.3))
+    assert np.array_equal(shared, alone)
+
+
 def test_torch_sdpa_breaks_row_invariance():
     """Negative control: scaled_dot_product_attention gives rows other bits when M changes."""
     torch = pytest.importorskip("torch")

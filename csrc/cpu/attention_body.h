@@ -1,0 +1,172 @@
+/* Causal grouped-query attention, written against the vf primitives of a level; included by
+ * kernel_body.h.
+ *
+ * Invariant: keys are cut into KEY_TILE tiles aligned to absolute positions; a tile holds only
+ * the row's visible keys, tiles are merged by an online softmax in position order, so nothing
+ * past the row's own position (cache capacity, other rows) is ever read. Every (row, head) runs
+ * one fixed sequence of float operations. The query heads that share a KV head are computed
+ * side by side, so that each key and value is loaded once for all of them: that changes which
+ * head's operation comes next, never the operations of any head.
+ */
+
+#define MAX_HEAD_VECTORS (MAX_HEAD_DIM / VW + 1)
+/* The most query heads computed side by side. */
+#define MAX_SIDE_BY_SIDE 4
+
+/* Heads side by side for a head dimension: as many as keep their accumulators in registers. */
+static ptrdiff_t heads_side_by_side(ptrdiff_t head_dim)
+{
+    const ptrdiff_t vectors = (head_dim + VW - 1) / VW;
+    const ptrdiff_t side = ATTENTION_REGISTERS / vectors;
+    return side < 1 ? 1 : side > MAX_SIDE_BY_SIDE ? MAX_SIDE_BY_SIDE : side;
+}
+
+/* Lane-wise partial sums of q . key (vf_sum finishes the dot product). */
+static ALWAYS_INLINE vf key_dot(const vf *q, const float *key, const ptrdiff_t vectors,
+                                const int tail)
+{
+    vf dot = vf_zero();
+    for (ptrdiff_t v = 0; v < vectors; v++) dot = vf_fma(q[v], vf_load(key + v * VW), dot);
+    if (tail) dot = vf_fma(q[vectors], vf_load_partial(key + vectors * VW, tail), dot);
+    return dot;
+}
+
+/* Query heads head0 .. head0 + count - 1 of one row, which share a KV head. `vectors` full
+ * vectors plus `tail` lanes make up the head dimension; the instances below fix them at compile
+ * time for common head sizes, with identical per-element arithmetic. */
+static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptrdiff_t row,
+                                          ptrdiff_t head0, const int count,
+                                          const ptrdiff_t vectors, const int tail)
+{
+    const ptrdiff_t dim = p->head_dim;
+    const ptrdiff_t kv_head = head0 / (p->heads / p->kv_heads);
+    const float *keys = p->keys + kv_head * p->capacity * dim;
+    const float *values = p->values + kv_head * p->capacity * dim;
+    const ptrdiff_t position = (ptrdiff_t)p->positions[row];
+    ptrdiff_t first = 0;
+    if (p->window > 0 && position - p->window + 1 > 0) first = position - p->window + 1;
+
+    const ptrdiff_t all = vectors + (tail ? 1 : 0);
+    vf q[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS], acc[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS];
+    float running_max[MAX_SIDE_BY_SIDE], running_sum[MAX_SIDE_BY_SIDE];
+    float scores[MAX_SIDE_BY_SIDE][KEY_TILE];
+    for (int h = 0; h < count; h++) {
+        const float *query = p->q + (row * p->heads + head0 + h) * dim;
+        for (ptrdiff_t v = 0; v < vectors; v++) q[h][v] = vf_load(query + v * VW);
+        if (tail) q[h][vectors] = vf_load_partial(query + vectors * VW, tail);
+        for (ptrdiff_t v = 0; v < all; v++) acc[h][v] = vf_zero();
+        running_max[h] = -INFINITY;
+        running_sum[h] = 0.0f;
+    }
+    for (ptrdiff_t start = first / KEY_TILE * KEY_TILE; start <= position; start += KEY_TILE) {
+        const ptrdiff_t lo = start > first ? start : first;
+        const ptrdiff_t hi = min_index(start + KEY_TILE - 1, position);
+        for (int h = 0; h < count; h++)
+            for (int j = 0; j < KEY_TILE; j++) scores[h][j] = -INFINITY;
+        ptrdiff_t j = lo;
+        /* VW keys at a time: vf_sum_lanes reduces them with vf_sum's own tree, so a key's score
+         * has the same bits here as in the one-key loop below. */
+        for (; j + VW - 1 <= hi; j += VW) {
+            for (int h = 0; h < count; h++) {
+                vf dots[VW];
+                /* Unrolled, so that the keys' independent chains of fused multiply-adds
+                 * interleave and the partial sums stay in registers. */
+#pragma GCC unroll 16
+                for (int k = 0; k < VW; k++)
+                    dots[k] = key_dot(q[h], keys + (j + k) * dim, vectors, tail);
+                vf_store(scores[h] + (j - start), vf_mul(vf_sum_lanes(dots), vf_set1(p->scale)));
+            }
+        }
+        for (; j <= hi; j++)
+            for (int h = 0; h < count; h++)
+                scores[h][j - start] = vf_sum(key_dot(q[h], keys + j * dim, vectors, tail)) *
+                                       p->scale;
+        for (int h = 0; h < count; h++) {
+            float *score = scores[h];
+            vf tile_max = vf_load(score);
+            for (int v = 1; v < KEY_TILE / VW; v++)
+                tile_max = vf_max(tile_max, vf_load(score + v * VW));
+            const float top = vf_max_all(tile_max);
+            const float new_max = top > running_max[h] ? top : running_max[h];
+            const vf shift = vf_set1(new_max);
+            vf tile_sum = vf_zero();
+            for (int v = 0; v < KEY_TILE / VW; v++) {
+                vf weight = vector_exp(vf_sub(vf_load(score + v * VW), shift));
+                vf_store(score + v * VW, weight);
+                tile_sum = vf_add(tile_sum, weight);
+            }
+            float rescale[VW];
+            vf_store(rescale, vector_exp(vf_set1(running_max[h] - new_max)));
+            const vf alpha = vf_set1(rescale[0]);
+            running_sum[h] = running_sum[h] * rescale[0] + vf_sum(tile_sum);
+            running_max[h] = new_max;
+            for (ptrdiff_t v = 0; v < all; v++) acc[h][v] = vf_mul(acc[h][v], alpha);
+        }
+        for (ptrdiff_t k = lo; k <= hi; k++) {
+            const float *value = values + k * dim;
+            vf weight[MAX_SIDE_BY_SIDE];
+            for (int h = 0; h < count; h++) weight[h] = vf_set1(scores[h][k - start]);
+            for (ptrdiff_t v = 0; v < vectors; v++) {
+                const vf part = vf_load(value + v * VW);
+                for (int h = 0; h < count; h++) acc[h][v] = vf_fma(weight[h], part, acc[h][v]);
+            }
+            if (tail) {
+                const vf part = vf_load_partial(value + vectors * VW, tail);
+                for (int h = 0; h < count; h++)
+                    acc[h][vectors] = vf_fma(weight[h], part, acc[h][vectors]);
+            }
+        }
+    }
+    for (int h = 0; h < count; h++) {
+        float *out = p->out + (row * p->heads + head0 + h) * dim;
+        const vf total = vf_set1(running_sum[h]);
+        for (ptrdiff_t v = 0; v < vectors; v++) vf_store(out + v * VW, vf_div(acc[h][v], total));
+        if (tail) vf_store_partial(out + vectors * VW, vf_div(acc[h][vectors], total), tail);
+    }
+}
+
+typedef void (*attention_function)(const struct attention_problem *p, ptrdiff_t row,
+                                   ptrdiff_t head0);
+
+#define ATTENTION_INSTANCES(NAME, VECTORS, TAIL)                                              \
+    static void NAME##_1(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head0)   \
+    {                                                                                         \
+        attention_heads(p, row, head0, 1, VECTORS, TAIL);                                     \
+    }                                                                                         \
+    static void NAME##_2(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head0)   \
+    {                                                                                         \
+        attention_heads(p, row, head0, 2, VECTORS, TAIL);                                     \
+    }                                                                                         \
+    static void NAME##_3(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head0)   \
+    {                                                                                         \
+        attention_heads(p, row, head0, 3, VECTORS, TAIL);                                     \
+    }                                                                                         \
+    static void NAME##_4(const struct attention_problem *p, ptrdiff_t row, ptrdiff_t head0)   \
+    {                                                                                         \
+        attention_heads(p, row, head0, 4, VECTORS, TAIL);                                     \
+    }
+
+ATTENTION_INSTANCES(attention_head64, 64 / VW, 0)
+ATTENTION_INSTANCES(attention_head128, 128 / VW, 0)
+ATTENTION_INSTANCES(attention_any, p->head_dim / VW, (int)(p->head_dim % VW))
+
+static const attention_function attention_instances[3][MAX_SIDE_BY_SIDE] = {
+    {attention_head64_1, attention_head64_2, attention_head64_3, attention_head64_4},
+    {attention_head128_1, attention_head128_2, attention_head128_3, attention_head128_4},
+    {attention_any_1, attention_any_2, attention_any_3, attention_any_4},
+};
+
+/* (row, KV head) items [first, end), item i being row i / kv_heads and KV head i % kv_heads:
+ * all the query heads of the KV head, side by side in runs of heads_side_by_side. */
+static void attention_groups(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const int size = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : 2;
+    const ptrdiff_t group = p->heads / p->kv_heads, side = heads_side_by_side(p->head_dim);
+    for (ptrdiff_t i = first; i < end; i++) {
+        const ptrdiff_t row = i / p->kv_heads, head0 = (i % p->kv_heads) * group;
+        for (ptrdiff_t h = 0; h < group; h += side) {
+            const ptrdiff_t count = min_index(side, group - h);
+            attention_instances[size][count - 1](p, row, head0 + h);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+/* One llama-family decoder layer for M rows in a single call, built from the dispatcher's ops.
+ *
+ * Invariant: the layer calls the same kernels, in the same order, on the same values as the
+ * per-op path of the torch CPU backend, so its output has the same bits:
+ *   x = rms_norm(h); qkv = x W_qkv^T (+b); q, k = rms_norm per head (qwen3); q, k = rope;
+ *   cache[start..] = k, v; a = attention(q); h = h + (a W_o^T (+b));
+ *   x = rms_norm(h); h = h + (silu_mul(x W_gate_up^T (+b)) W_down^T (+b)).
+ * Copies move values without arithmetic, and a residual add is one float addition per element,
+ * as torch's `+` is.
+ */
+#include "decoder_layer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+
+static int linear(const struct layer_weight *w, const float *x, ptrdiff_t rows, float *out)
+{
+    struct matmul_problem p = {.x = x, .weight = w->data, .bias = w->bias, .out = out,
+                               .rows = rows, .depth = w->depth, .columns = w->columns,
+                               .row_bytes = w->row_bytes, .format = w->format,
+                               .layout = w->layout};
+    return run_matmul(&p);
+}
+
+static void rms_norm(const float *x, ptrdiff_t rows, ptrdiff_t width, const float *weight,
+                     float eps, float *out)
+{
+    struct rows_problem p = {.x = x, .weight = weight, .out = out, .rows = rows, .width = width,
+                             .eps = eps};
+    run_rms_norm(&p);
+}
+
+/* In place: each element pair is read before it is written. */
+static void rope(float *x, ptrdiff_t rows, ptrdiff_t heads, ptrdiff_t head_dim, const float *cos,
+                 const float *sin)
+{
+    struct rows_problem p = {.x = x, .weight = cos, .weight2 = sin, .out = x, .rows = rows,
+                             .heads = heads, .width = head_dim};
+    run_rope(&p);
+}
+
+static void add(const float *a, const float *b, float *out, size_t count)
+{
+    for (size_t i = 0; i < count; i++) out[i] = a[i] + b[i];
+}
+
+int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float *out,
+                      ptrdiff_t rows, float *keys, float *values, ptrdiff_t capacity,
+                      ptrdiff_t start, const float *cos, const float *sin)
+{
+    const ptrdiff_t width = plan->hidden_size, dim = plan->head_dim;
+    const ptrdiff_t q_size = plan->heads * dim, kv_size = plan->kv_heads * dim;
+    const ptrdiff_t qkv_width = q_size + 2 * kv_size, inner = plan->intermediate;
+    const size_t m = (size_t)rows;
+    const size_t floats = m * (size_t)(2 * width + qkv_width + 2 * q_size + kv_size + 3 * inner);
+    char *scratch = malloc(floats * sizeof(float) + m * sizeof(int64_t));
+    if (!scratch) return -1;
+    int64_t *positions = (int64_t *)scratch;
+    float *normed = (float *)(positions + m), *projected = normed + m * width;
+    float *qkv = projected + m * width, *q = qkv + m * qkv_width, *k = q + m * q_size;
+    float *attended = k + m * kv_size, *gate_up = attended + m * q_size;
+    float *gated = gate_up + 2 * m * inner;
+    int failed = 0;
+
+    rms_norm(hidden, rows, width, plan->attention_norm, plan->eps, normed);
+    failed |= linear(&plan->qkv, normed, rows, qkv);
+    for (size_t r = 0; r < m; r++) {
+        memcpy(q + r * q_size, qkv + r * qkv_width, (size_t)q_size * sizeof(float));
+        memcpy(k + r * kv_size, qkv + r * qkv_width + q_size, (size_t)kv_size * sizeof(float));
+    }
+    if (plan->q_norm) {
+        rms_norm(q, rows * plan->heads, dim, plan->q_norm, plan->eps, q);
+        rms_norm(k, rows * plan->kv_heads, dim, plan->k_norm, plan->eps, k);
+    }
+    rope(q, rows, plan->heads, dim, cos, sin);
+    rope(k, rows, plan->kv_heads, dim, cos, sin);
+    for (size_t r = 0; r < m; r++) {
+        positions[r] = (int64_t)(start + (ptrdiff_t)r);
+        const float *v = qkv + r * qkv_width + q_size + kv_size;
+        for (ptrdiff_t h = 0; h < plan->kv_heads; h++) {
+            const size_t slot = ((size_t)(h * capacity + start) + r) * (size_t)dim;
+            memcpy(keys + slot, k + (r * plan->kv_heads + h) * dim, (size_t)dim * sizeof(float));
+            memcpy(values + slot, v + h * dim, (size_t)dim * sizeof(float));
+        }
+    }
+    struct attention_problem attention = {
+        .q = q, .keys = keys, .values = values, .positions = positions, .out = attended,
+        .rows = rows, .heads = plan->heads, .kv_heads = plan->kv_heads, .capacity = capacity,
+        .head_dim = dim, .window = plan->window, .scale = plan->scale};
+    run_attention(&attention);
+    failed |= linear(&plan->output, attended, rows, projected);
+    add(hidden, projected, out, m * (size_t)width);
+
+    rms_norm(out, rows, width, plan->mlp_norm, plan->eps, normed);
+    failed |= linear(&plan->gate_up, normed, rows, gate_up);
+    struct rows_problem silu = {.x = gate_up, .out = gated, .rows = rows, .width = inner};
+    run_silu_mul(&silu);
+    failed |= linear(&plan->down, gated, rows, projected);
+    add(out, projected, out, m * (size_t)width);
+    free(scratch);
+    return failed ? -1 : 0;
+}

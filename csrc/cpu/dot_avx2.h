@@ -1,0 +1,87 @@
+/* Integer dot products for the dot layout on AVX2, for dot_body.h: 8 weight rows per vector,
+ * one int32 lane each.
+ *
+ * Invariant: every primitive returns exact integer sums. vpmaddubsw saturates a pair sum above
+ * 32767, so q4 codes (at most 15) meet int8 activations (|x| <= 127) directly and their int16
+ * lanes are summed over the block (at most 8 * 3810) before widening, while q8_0 weights are
+ * made signed and multiplied as |w| times x with w's sign (a pair is at most 2 * 128 * 127).
+ */
+#include "kernels.h"
+#include <immintrin.h>
+#include <string.h>
+
+#define DOT_TILE_ROWS 4
+#define DOT_Q8_CODE_BIAS 0
+
+typedef __m256i vi;
+
+/* One block's weight codes for 8 rows: code[j] pairs with activations 4j..4j+3; q4 codes are
+ * 0..15, q8_0 codes are the signed weights. */
+struct dot_codes {
+    __m256i code[8];
+};
+
+static inline vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
+static inline vf vi_to_vf(vi a) { return _mm256_cvtepi32_ps(a); }
+
+static inline vf vf_load_half(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    for (int t = 0; t < 4; t++) {
+        __m256i bytes = _mm256_loadu_si256((const __m256i *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm256_and_si256(bytes, nibble);
+        w->code[t + 4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    }
+}
+
+static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int j = 0; j < 8; j++)
+        w->code[j] = _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK)), bias);
+}
+
+static inline __m256i broadcast_four(const int8_t *x)
+{
+    int32_t four;
+    memcpy(&four, x, sizeof four);
+    return _mm256_set1_epi32(four);
+}
+
+/* isum[r] = starts[r] + sum of q * x_r for q4 codes q in 0..15, row r's activations at
+ * x + 32 r. */
+static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x,
+                                      const int32_t *starts, const int rows, vi *isum)
+{
+    __m256i pairs[DOT_TILE_ROWS];
+    for (int r = 0; r < rows; r++) pairs[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++)
+        for (int r = 0; r < rows; r++)
+            pairs[r] = _mm256_add_epi16(
+                pairs[r], _mm256_maddubs_epi16(w->code[j], broadcast_four(x + 32 * r + 4 * j)));
+    for (int r = 0; r < rows; r++)
+        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[r]),
+                                   _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+}
+
+/* isum[r] = starts[r] + sum of w * x_r for q8_0 weights w. */
+static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x,
+                                      const int32_t *starts, const int rows, vi *isum)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < rows; r++) isum[r] = _mm256_set1_epi32(starts[r]);
+    for (int j = 0; j < 8; j++) {
+        const __m256i magnitude = _mm256_abs_epi8(w->code[j]);
+        for (int r = 0; r < rows; r++) {
+            __m256i signed_x = _mm256_sign_epi8(broadcast_four(x + 32 * r + 4 * j), w->code[j]);
+            __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_x);
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
+        }
+    }
+}

@@ -1,0 +1,83 @@
+/* Integer dot products for the dot layout on AVX-512 VNNI, for dot_body.h: 16 weight rows per
+ * vector, one int32 lane each.
+ *
+ * Invariant: every primitive returns exact integer sums (vpdpbusd adds four u8 x s8 products
+ * into an int32 lane without saturation, and no sum here can overflow), so the result does not
+ * depend on how the products are grouped.
+ */
+#include "kernels.h"
+#include <immintrin.h>
+#include <string.h>
+
+#define DOT_TILE_ROWS 8
+#define DOT_Q8_CODE_BIAS 128
+
+typedef __m512i vi;
+
+/* One block's weight codes for the 16 rows: code[j] pairs with activations 4j..4j+3. */
+struct dot_codes {
+    __m512i code[8];
+};
+
+static inline vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
+static inline vf vi_to_vf(vi a) { return _mm512_cvtepi32_ps(a); }
+
+static inline vf vf_load_half(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m512i nibble = _mm512_set1_epi32(0x0f0f0f0f);
+    for (int t = 0; t < 4; t++) {
+        __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm512_and_si512(bytes, nibble);
+        w->code[t + 4] = _mm512_and_si512(_mm512_srli_epi32(bytes, 4), nibble);
+    }
+}
+
+/* q8_0 codes stay biased (w + 128, unsigned): dot_q8 takes the bias back out exactly. */
+static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++)
+        w->code[j] = _mm512_loadu_si512((const void *)(chunks + j * DOT_CHUNK));
+}
+
+static inline __m512i broadcast_four(const int8_t *x)
+{
+    int32_t four;
+    memcpy(&four, x, sizeof four);
+    return _mm512_set1_epi32(four);
+}
+
+/* isum[r] = starts[r] + the sum over the block of code * x_r for rows r < `rows`, row r's
+ * activations at x + 32 r. Rows are interleaved so that independent vpdpbusd chains overlap;
+ * up to 4 rows each also run two chains, added at the end. */
+static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
+                                   const int32_t *starts, const int rows, vi *isum)
+{
+    __m512i other[DOT_TILE_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) {
+        isum[r] = _mm512_set1_epi32(starts[r]);
+        other[r] = _mm512_setzero_si512();
+    }
+    const int split = rows <= 4;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const __m512i four = broadcast_four(x + QUANT_BLOCK * r + 4 * j);
+            if (split && (j & 1)) other[r] = _mm512_dpbusd_epi32(other[r], w->code[j], four);
+            else isum[r] = _mm512_dpbusd_epi32(isum[r], w->code[j], four);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        if (split) isum[r] = _mm512_add_epi32(isum[r], other[r]);
+}
+
+/* q4 codes are 0..15; q8_0 codes are w + 128 (the starts hold -128 sum(x)). */
+#define dot_q4_rows dot_rows
+#define dot_q8_rows dot_rows

@@ -1,0 +1,162 @@
+/* The integer-dot matmul for quantized weights in the dot layout (kernels.h), written once
+ * against the vf primitives of a level (vec_*.h) and its integer primitives (dot_*.h);
+ * included by kernel_body.h.
+ *
+ * Invariant: each activation row is quantized on its own (quantize_rows), and output element
+ * (m, n) is, whatever the level, tile or thread:
+ *     acc = 0; for block b = 0, 1, ... in order:
+ *         q8_0, q4_0: acc = acc + (d_w * d_x) * (float)isum
+ *         q4_1:       acc = acc + ((d_w * d_x) * (float)isum + m_w * (d_x * (float)sum(q_x)))
+ *     out = acc (+ bias)
+ * with isum the exact integer sum over the block of w * q_x (q8_0), (q - 8) * q_x (q4_0) or
+ * q * q_x (q4_1) (computed from the stored codes and a start value, q->starts, that takes
+ * their offset out), each step one correctly rounded float operation. The integer sums are exact
+ * and every level performs the same float steps, so the bits depend on K and the values only.
+ */
+
+/* Activation rows [first, end) of p: per block of 32, d = max |x| / 127 and q = x / d rounded
+ * to nearest even, clamped to [-127, 127] (NaN gives 0); a block whose d is 0 gets q = 0. The
+ * sum of q is exact in float (at most 32 * 127 in magnitude), whatever the order. */
+static void quantize_rows(const struct quantize_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const ptrdiff_t depth = p->depth, blocks = depth / QUANT_BLOCK;
+    const struct quantized_rows *out = p->out;
+    const vf low = vf_set1(-127.0f), high = vf_set1(127.0f);
+    for (ptrdiff_t m = first; m < end; m++) {
+        for (ptrdiff_t b = 0; b < blocks; b++) {
+            const float *x = p->x + m * depth + b * QUANT_BLOCK;
+            const ptrdiff_t index = b * p->rows + m;
+            vf v[BLOCK_VECTORS], top = vf_zero();
+            for (int i = 0; i < BLOCK_VECTORS; i++) {
+                v[i] = vf_load(x + i * VW);
+                top = vf_max(top, vf_abs(v[i]));
+            }
+            const float scale = vf_max_all(top) / 127.0f;
+            const vf divisor = vf_set1(scale != 0.0f ? scale : 1.0f);
+            int8_t *q = out->values + index * QUANT_BLOCK;
+            vf total = vf_zero();
+            for (int i = 0; i < BLOCK_VECTORS; i++) {
+                vf r = vf_round(vf_div(v[i], divisor));
+                r = vf_min(vf_max(vf_select_nan(r, vf_zero(), r), low), high);
+                vf_store_int8(q + i * VW, r);
+                total = vf_add(total, r);
+            }
+            const float sum = vf_sum(total);
+            out->scales[index] = scale;
+            out->sums[index] = (int32_t)sum;
+            out->scaled_sums[index] = scale * sum;
+        }
+    }
+}
+
+/* How many records ahead of the one in use the kernel prefetches. */
+#define DOT_PREFETCH_RECORDS 16
+
+struct dot_args {
+    const uint8_t *records;  /* the group's record for block 0 */
+    size_t record_bytes;
+    ptrdiff_t lane0;         /* the part's first weight row within its group */
+    ptrdiff_t blocks, rows, first_row; /* rows: all rows of the call (the quantized stride) */
+    const struct quantized_rows *q;
+    const float *bias;       /* the part's first bias value, or NULL */
+    float *out;              /* output [first_row, part's first column] */
+    ptrdiff_t out_stride;
+    int columns;             /* columns of the part that exist, at most VW */
+};
+
+static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
+{
+    const struct quantized_rows *q = a->q;
+    const size_t codes = (format == FORMAT_Q4_1 ? 4 : 2) * DOT_GROUP; /* bytes of d (and m) */
+    vf acc[DOT_TILE_ROWS];
+    /* Unrolled row loops keep every accumulator in a register. */
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) acc[r] = vf_zero();
+    for (ptrdiff_t b = 0; b < a->blocks; b++) {
+        const uint8_t *record = a->records + b * a->record_bytes;
+        /* The records stream from memory: ask for them well ahead of use (past the end of the
+         * weights a prefetch is only a hint, never a fault). */
+        if (a->lane0 == 0)
+            for (size_t line = 0; line < a->record_bytes; line += 64)
+                __builtin_prefetch(record + DOT_PREFETCH_RECORDS * a->record_bytes + line);
+        const vf scale = vf_load_half((const uint16_t *)record + a->lane0);
+        vf minimum = vf_zero();
+        if (format == FORMAT_Q4_1)
+            minimum = vf_load_half((const uint16_t *)record + DOT_GROUP + a->lane0);
+        struct dot_codes w;
+        const ptrdiff_t first = b * a->rows + a->first_row;
+        const int8_t *x = q->values + first * QUANT_BLOCK;
+        vi isum[DOT_TILE_ROWS];
+        if (format == FORMAT_Q8_0) {
+            dot_load_q8(record + codes + 4 * a->lane0, &w);
+            dot_q8_rows(&w, x, q->starts + first, rows, isum);
+        } else {
+            dot_load_q4(record + codes + 4 * a->lane0, &w);
+            dot_q4_rows(&w, x, q->starts + first, rows, isum);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            vf term = vf_mul(vf_mul(scale, vf_set1(q->scales[first + r])), vi_to_vf(isum[r]));
+            if (format == FORMAT_Q4_1)
+                term = vf_add(term, vf_mul(minimum, vf_set1(q->scaled_sums[first + r])));
+            acc[r] = vf_add(acc[r], term);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float lanes[VW];
+        vf_store(lanes, acc[r]);
+        float *out = a->out + r * a->out_stride;
+        for (int c = 0; c < a->columns; c++) {
+            float total = lanes[c];
+            if (a->bias) total += a->bias[c];
+            out[c] = total;
+        }
+    }
+}
+
+typedef void (*dot_function)(const struct dot_args *a);
+
+/* Instances taller than the level's tile exist only to fill the table (dot_matmul_columns never
+ * reaches them), so they are clamped to the tile. */
+#define DOT_INSTANCE(F, R)                                                           \
+    static void dot_##F##_##R(const struct dot_args *a)                              \
+    {                                                                                \
+        dot_tile(F, (R) < DOT_TILE_ROWS ? (R) : DOT_TILE_ROWS, a);                   \
+    }
+#define DOT_INSTANCES(F) \
+    DOT_INSTANCE(F, 1) DOT_INSTANCE(F, 2) DOT_INSTANCE(F, 3) DOT_INSTANCE(F, 4) \
+    DOT_INSTANCE(F, 5) DOT_INSTANCE(F, 6) DOT_INSTANCE(F, 7) DOT_INSTANCE(F, 8)
+#define DOT_TABLE(F) \
+    {dot_##F##_1, dot_##F##_2, dot_##F##_3, dot_##F##_4, dot_##F##_5, dot_##F##_6, \
+     dot_##F##_7, dot_##F##_8}
+
+#if DOT_TILE_ROWS > 8 || DOT_GROUP % VW
+#error "dot tiles are generated for at most 8 rows and whole parts of a group"
+#endif
+
+DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4)
+
+static const dot_function dot_tiles[3][8] = {DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4)};
+
+/* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of VW
+ * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. */
+static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    const size_t block_bytes = FORMAT_BLOCK_BYTES[p->format];
+    const ptrdiff_t blocks = p->depth / QUANT_BLOCK;
+    struct dot_args a = {.record_bytes = DOT_GROUP * block_bytes, .blocks = blocks,
+                         .rows = p->rows, .q = p->quantized, .out_stride = p->columns};
+    for (ptrdiff_t n = first; n < end; n += VW) {
+        const ptrdiff_t group = n / DOT_GROUP;
+        a.records = p->weight + (size_t)(group * blocks) * a.record_bytes;
+        a.lane0 = n % DOT_GROUP;
+        a.columns = (int)min_index(VW, end - n);
+        a.bias = p->bias ? p->bias + n : NULL;
+        for (ptrdiff_t m = 0; m < p->rows; m += DOT_TILE_ROWS) {
+            const int rows = (int)min_index(DOT_TILE_ROWS, p->rows - m);
+            a.first_row = m;
+            a.out = p->out + m * p->columns + n;
+            dot_tiles[p->format - FORMAT_Q8_0][rows - 1](&a);
+        }
+    }
+}

@@ -1,0 +1,79 @@
+/* Integer dot products for the dot layout on arm64 NEON, for dot_body.h: 4 weight rows per
+ * vector, one int32 lane each.
+ *
+ * Invariant: every primitive returns exact integer sums: codes and activations are widened to
+ * int16, whose products (at most 128 * 127) are exact, and pairs of products are added into
+ * int32 lanes.
+ */
+#include "kernels.h"
+#include <arm_neon.h>
+#include <string.h>
+
+#define DOT_TILE_ROWS 4
+#define DOT_Q8_CODE_BIAS 0
+
+typedef int32x4_t vi;
+
+/* One block's weight codes for 4 rows as int16: code[j][0] holds rows 0 and 1 (4 codes each),
+ * code[j][1] rows 2 and 3; code[j] pairs with activations 4j..4j+3. */
+struct dot_codes {
+    int16x8_t code[8][2];
+};
+
+static inline vi vi_set1(int32_t a) { return vdupq_n_s32(a); }
+static inline vf vi_to_vf(vi a) { return vcvtq_f32_s32(a); }
+
+static inline vf vf_load_half(const uint16_t *p)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+static inline void widen_unsigned(uint8x16_t bytes, int16x8_t out[2])
+{
+    out[0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(bytes)));
+    out[1] = vreinterpretq_s16_u16(vmovl_u8(vget_high_u8(bytes)));
+}
+
+static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int t = 0; t < 4; t++) {
+        uint8x16_t bytes = vld1q_u8(chunks + t * DOT_CHUNK);
+        widen_unsigned(vandq_u8(bytes, vdupq_n_u8(0x0f)), w->code[t]);
+        widen_unsigned(vshrq_n_u8(bytes, 4), w->code[t + 4]);
+    }
+}
+
+static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++) {
+        int8x16_t weights = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(chunks + j * DOT_CHUNK),
+                                                         vdupq_n_u8(0x80)));
+        w->code[j][0] = vmovl_s8(vget_low_s8(weights));
+        w->code[j][1] = vmovl_s8(vget_high_s8(weights));
+    }
+}
+
+static inline vi dot_codes_sum(const struct dot_codes *w, const int8_t *x)
+{
+    int32x4_t low = vdupq_n_s32(0), high = vdupq_n_s32(0);
+    for (int j = 0; j < 8; j++) {
+        uint32_t four;
+        memcpy(&four, x + 4 * j, sizeof four);
+        int16x8_t xs = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(four)));
+        low = vpadalq_s16(low, vmulq_s16(w->code[j][0], xs));
+        high = vpadalq_s16(high, vmulq_s16(w->code[j][1], xs));
+    }
+    return vpaddq_s32(low, high);
+}
+
+/* isum[r] = starts[r] + the sum over the block of code * x_r, row r's activations at
+ * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights. */
+static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
+                            const int rows, vi *isum)
+{
+    for (int r = 0; r < rows; r++)
+        isum[r] = vaddq_s32(vdupq_n_s32(starts[r]), dot_codes_sum(w, x + 32 * r));
+}
+
+#define dot_q4_rows dot_rows
+#define dot_q8_rows dot_rows

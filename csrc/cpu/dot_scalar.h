@@ -1,0 +1,80 @@
+/* Integer dot products for the dot layout in plain C, for dot_body.h: 8 weight rows per
+ * "vector", one int32 lane each.
+ *
+ * Invariant: every primitive returns exact integer sums.
+ */
+#include "kernels.h"
+#define DOT_TILE_ROWS 2
+#define DOT_Q8_CODE_BIAS 0
+
+typedef struct { int32_t lane[VW]; } vi;
+
+/* One block's weight codes for VW rows: code[j][c] holds row c's 4 codes paired with
+ * activations 4j..4j+3; q4 codes are 0..15, q8_0 codes are the signed weights. */
+struct dot_codes {
+    int16_t code[8][VW][4];
+};
+
+static inline vi vi_set1(int32_t a)
+{
+    vi r;
+    for (int i = 0; i < VW; i++) r.lane[i] = a;
+    return r;
+}
+
+static inline vf vi_to_vf(vi a)
+{
+    vf r;
+    for (int i = 0; i < VW; i++) r.lane[i] = (float)a.lane[i];
+    return r;
+}
+
+static inline vf vf_load_half(const uint16_t *p)
+{
+    vf r;
+    for (int i = 0; i < VW; i++) r.lane[i] = half_bits_to_float(p[i]);
+    return r;
+}
+
+static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int t = 0; t < 4; t++)
+        for (int c = 0; c < VW; c++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t byte = chunks[t * DOT_CHUNK + 4 * c + i];
+                w->code[t][c][i] = (int16_t)(byte & 0x0f);
+                w->code[t + 4][c][i] = (int16_t)(byte >> 4);
+            }
+}
+
+static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++)
+        for (int c = 0; c < VW; c++)
+            for (int i = 0; i < 4; i++)
+                w->code[j][c][i] = (int16_t)((int)chunks[j * DOT_CHUNK + 4 * c + i] - 128);
+}
+
+/* start + the sum over the block of code * x. */
+static inline vi dot_codes_sum(vi start, const struct dot_codes *w, const int8_t *x)
+{
+    vi r;
+    for (int c = 0; c < VW; c++) {
+        int32_t total = start.lane[c];
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) total += (int32_t)w->code[j][c][i] * x[4 * j + i];
+        r.lane[c] = total;
+    }
+    return r;
+}
+
+/* isum[r] = starts[r] + the sum over the block of code * x_r, row r's activations at
+ * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights. */
+static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
+                            const int rows, vi *isum)
+{
+    for (int r = 0; r < rows; r++) isum[r] = dot_codes_sum(vi_set1(starts[r]), w, x + 32 * r);
+}
+
+#define dot_q4_rows dot_rows
+#define dot_q8_rows dot_rows

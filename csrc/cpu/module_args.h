@@ -1,0 +1,108 @@
+/* Argument helpers shared by the entry points of exactdraft._cpu_kernels (module.c and
+ * module_layer.c); included once by each, so everything here is static.
+ *
+ * Invariant: a helper only converts and checks Python arguments; it does no arithmetic on data.
+ */
+#ifndef EXACTDRAFT_CPU_MODULE_ARGS_H
+#define EXACTDRAFT_CPU_MODULE_ARGS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernels.h"
+
+/* Calls with less work than this keep the GIL: releasing and taking it back costs more. */
+#define RELEASE_GIL_MIN_WORK 1000000.0
+
+static const size_t BLOCK_BYTES[FORMAT_COUNT] = {0, 0, 34, 18, 20};
+
+/* Bytes of one weight row of K = depth in the rows or grouped layout. */
+static inline size_t weight_row_bytes(Py_ssize_t format, Py_ssize_t depth)
+{
+    if (format == FORMAT_F32) return (size_t)depth * 4;
+    if (format == FORMAT_BF16) return (size_t)depth * 2;
+    return (size_t)(depth / QUANT_BLOCK) * BLOCK_BYTES[format];
+}
+
+/* A data pointer given as an integer, or as an object with a contiguous buffer (a numpy array);
+ * the caller keeps the object alive for the whole call. */
+static inline int take_pointer(PyObject *arg, const char *name, int may_be_null, void **out)
+{
+    if (!PyLong_Check(arg) && PyObject_CheckBuffer(arg)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(arg, &view, PyBUF_ANY_CONTIGUOUS) != 0) return -1;
+        *out = view.buf;
+        PyBuffer_Release(&view);
+    } else {
+        *out = PyLong_AsVoidPtr(arg);
+    }
+    if (*out == NULL && PyErr_Occurred()) return -1;
+    if (*out == NULL && !may_be_null) {
+        PyErr_Format(PyExc_ValueError, "%s must be a non-null data pointer", name);
+        return -1;
+    }
+    return 0;
+}
+
+static inline int take_size(PyObject *arg, const char *name, Py_ssize_t minimum, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(arg);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    if (*out < minimum) {
+        PyErr_Format(PyExc_ValueError, "%s must be at least %zd, got %zd", name, minimum, *out);
+        return -1;
+    }
+    return 0;
+}
+
+static inline int take_float(PyObject *arg, float *out)
+{
+    double value = PyFloat_AsDouble(arg);
+    if (value == -1.0 && PyErr_Occurred()) return -1;
+    *out = (float)value;
+    return 0;
+}
+
+static inline int expect_arguments(Py_ssize_t nargs, Py_ssize_t expected, const char *function)
+{
+    if (nargs == expected) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", function, expected, nargs);
+    return -1;
+}
+
+#define RUN(work, call)                                    \
+    do {                                                   \
+        if ((work) >= RELEASE_GIL_MIN_WORK) {              \
+            Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS \
+        } else {                                           \
+            call;                                          \
+        }                                                  \
+    } while (0)
+
+/* Check a weight's format and layout codes against its depth; returns 0 or -1 with an error. */
+static inline int check_weight_codes(const char *name, Py_ssize_t format, Py_ssize_t layout,
+                                     Py_ssize_t depth)
+{
+    if (format >= FORMAT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "%s: unknown weight format code %zd", name, format);
+        return -1;
+    }
+    if (layout >= LAYOUT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "%s: unknown weight layout code %zd", name, layout);
+        return -1;
+    }
+    if (layout == LAYOUT_DOT && format < FORMAT_Q8_0) {
+        PyErr_Format(PyExc_ValueError, "%s: the dot layout needs a quantized format, got code %zd",
+                     name, format);
+        return -1;
+    }
+    if ((format >= FORMAT_Q8_0 || layout != LAYOUT_ROWS) && depth % QUANT_BLOCK) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: quantized or grouped weights need depth %% 32 == 0, got %zd", name,
+                     depth);
+        return -1;
+    }
+    return 0;
+}
+
+#endif

@@ -112,8 +112,10 @@ def test_bfloat16_compute_is_exact(tiny_checkpoints, shaders, shader_targets):
 def test_drafted_equals_serial(shader_targets, mlx_draft_target, temperature):
     target = shader_targets["llama"]
     serial = xd.Generator(target)
-    lookup = xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1))
-    model = xd.Generator(target, xd.DraftModel(mlx_draft_target, max_draft=4))
+    lookup = xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1),
+                          adaptive_depth=False)
+    model = xd.Generator(target, xd.DraftModel(mlx_draft_target, max_draft=4),
+                         adaptive_depth=False)
     assert lookup.drafting_enabled and model.drafting_enabled
     accepted = 0
     for seed in range(2):

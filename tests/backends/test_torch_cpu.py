@@ -141,8 +141,10 @@ def test_inexact_backend_breaks_the_window_check(tiny_checkpoints):
 def test_fused_drafted_equals_serial_with_quantized_weights(variant, tiny_checkpoints):
     target = build(tiny_checkpoints, variant, "q4_1")
     serial = xd.Generator(target)
-    drafted = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1))
-    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=4))
+    drafted = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1),
+                           adaptive_depth=False)
+    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=4),
+                                adaptive_depth=False)
     prompt = probe_tokens(30, target.vocab_size, salt=6) * 2  # repeats give lookups to copy
     accepted = 0
     for temperature in (0.0, 0.8):

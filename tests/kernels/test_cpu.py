@@ -23,26 +23,10 @@ pytestmark = pytest.mark.skipif(
 
 FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")
 ROW_COUNTS = (*range(1, 17), 31, 33, 67)  # straddle the 4-row tiles and 32-row blocks
-LEVELS = cpu.simd_levels() if cpu.available() else ()
 
 
 def bits(array) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(array, dtype=np.float32)).view(np.uint32)
-
-
-@pytest.fixture(params=LEVELS)
-def level(request):
-    default = cpu.simd_level()
-    cpu.set_simd_level(request.param)
-    yield request.param
-    cpu.set_simd_level(default)
-
-
-@pytest.fixture
-def restore_threads():
-    default = cpu.num_threads()
-    yield
-    cpu.set_num_threads(default)
 
 
 def weight_source(format: str, dense: np.ndarray):

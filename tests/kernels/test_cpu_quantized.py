@@ -14,28 +14,13 @@ import pytest
 
 from exactdraft.kernels import cpu
 from exactdraft.models.weights import QuantizedTensor
+from tests.kernels.conftest import SIMD_LEVELS
 from tests.kernels.test_cpu import ROW_COUNTS, bits, exact_values, weight_source
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
-LEVELS = cpu.simd_levels() if cpu.available() else ()
-
-
-@pytest.fixture(params=LEVELS)
-def level(request):
-    default = cpu.simd_level()
-    cpu.set_simd_level(request.param)
-    yield request.param
-    cpu.set_simd_level(default)
-
-
-@pytest.fixture
-def restore_threads():
-    default = cpu.num_threads()
-    yield
-    cpu.set_num_threads(default)
 
 
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:
@@ -132,7 +117,7 @@ def test_dot_matmul_gives_the_same_bits_on_every_level(format):
     x = awkward_rows(rng, 11, 256)
     default, results = cpu.simd_level(), []
     try:
-        for name in LEVELS:
+        for name in SIMD_LEVELS:
             cpu.set_simd_level(name)
             results.append(bits(cpu.matmul(x, packed)))
     finally:

@@ -166,7 +166,7 @@ def check_exactness(generator: Generator, prompts: Sequence[PromptInput],
     for prompt_index, prompt in enumerate(prompts):
         for seed in seeds:
             for setting in settings:
-                params = SamplingParams(**{**setting.__dict__, "seed": seed})
+                params = setting.with_seed(seed)
                 drafted = generator.generate(prompt, max_new_tokens, params, stop=stop)
                 serial = generator.generate(prompt, max_new_tokens, params, stop=stop,
                                             drafts=False)

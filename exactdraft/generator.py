@@ -147,8 +147,9 @@ class Generator:
                  stop_tokens: Sequence[int] | None = None, drafts: bool = True) -> GenerationResult:
         """Generate up to max_new_tokens after the prompt (text, token ids or chat messages).
         `drafts=False` is the serial reference; the tokens are the same either way."""
-        *_, last = self.stream(prompt, max_new_tokens, sampling, stop=stop,
-                               stop_tokens=stop_tokens, drafts=drafts)
+        # Only the final text is needed here, so the per-pass incremental decode is skipped.
+        *_, last = self._run(*self._prepare(prompt, max_new_tokens, sampling, stop, stop_tokens),
+                             drafts, stream_text=False)
         return last.result
 
     def stream(self, prompt: PromptInput, max_new_tokens: int = 256,
@@ -158,6 +159,14 @@ class Generator:
         """Like generate, yielding the tokens and text committed at each target pass; the last
         chunk carries the full result. Text that could still grow into a stop string is held
         back until it cannot."""
+        return self._run(*self._prepare(prompt, max_new_tokens, sampling, stop, stop_tokens),
+                         drafts, stream_text=True)
+
+    def _prepare(self, prompt: PromptInput, max_new_tokens: int,
+                 sampling: SamplingParams | None, stop: str | Sequence[str],
+                 stop_tokens: Sequence[int] | None
+                 ) -> tuple[list[int], int, SamplingParams, StopMatcher]:
+        """Checked prompt ids, max_new_tokens, parameters with a seed, and the stop matcher."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -169,11 +178,10 @@ class Generator:
         if stop_tokens is None:
             stop_tokens = getattr(self.tokenizer, "stop_token_ids", None) or \
                 getattr(getattr(self.target, "config", None), "eos_token_ids", ())
-        stops = StopMatcher(stop, stop_tokens, self.tokenizer)
-        return self._run(prompt_ids, max_new_tokens, params, stops, drafts)
+        return prompt_ids, max_new_tokens, params, StopMatcher(stop, stop_tokens, self.tokenizer)
 
     def _run(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-             stops: StopMatcher, use_drafts: bool) -> Iterator[Chunk]:
+             stops: StopMatcher, use_drafts: bool, stream_text: bool) -> Iterator[Chunk]:
         target, sampler = self.target, self.sampler
         n_prompt = len(prompt_ids)
         drafter = self.drafter if use_drafts and self.drafting_enabled else None
@@ -219,10 +227,10 @@ class Generator:
                 if reason is not None:
                     break
             if reason is not None:
-                yield Chunk(tokens=committed, text=stops.new_text(output, final=True),
-                            result=result(reason))
+                text = stops.new_text(output, final=True) if stream_text else ""
+                yield Chunk(tokens=committed, text=text, result=result(reason))
                 return
-            yield Chunk(tokens=committed, text=stops.new_text(output))
+            yield Chunk(tokens=committed, text=stops.new_text(output) if stream_text else "")
             clock = time.perf_counter()
             limit = min(max_new_tokens - len(output), target.max_context - len(sequence)) - 1
             if policy is not None:

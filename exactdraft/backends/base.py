@@ -80,6 +80,14 @@ class Backend(Protocol):
         """A float32 numpy copy (or view) of x."""
 
 
+def dense_matrix(weight: Any) -> np.ndarray:
+    """A weight as a float32 [N, K] numpy array (quantized weights dequantize), or an error."""
+    dense = np.array(weight, dtype=np.float32)
+    if dense.ndim != 2:
+        raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+    return dense
+
+
 _FACTORIES: dict[str, Callable[..., Backend]] = {}
 
 

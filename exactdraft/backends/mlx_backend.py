@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, register_backend
+from exactdraft.backends.base import BackendError, dense_matrix, register_backend
 from exactdraft.models.weights import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
 if TYPE_CHECKING:
@@ -166,9 +166,7 @@ class MLXBackend:
             if self.shaders is not None and weight.group_size not in SHADER_GROUP_SIZES:
                 weight = split_groups(weight, SHADER_GROUP_SIZES[-1])
             return QuantizedLinear(weight)
-        dense = np.asarray(weight, dtype=np.float32)
-        if dense.ndim != 2:
-            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        dense = dense_matrix(weight)
         return _mx().array(dense).astype(self.mx_dtype)
 
     def vector(self, values: np.ndarray) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, register_backend
+from exactdraft.backends.base import BackendError, dense_matrix, register_backend
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 ROW_MULTIPLE = 4
@@ -63,9 +63,7 @@ class TorchBackend:
 
     def matrix(self, weight: Any) -> Any:
         torch = _torch()
-        dense = np.array(weight, dtype=np.float32)
-        if dense.ndim != 2:
-            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        dense = dense_matrix(weight)
         # Stored as [K, N] so that every call is the measured `x @ W` form.
         return torch.from_numpy(dense).to(self.torch_dtype).t().contiguous()
 

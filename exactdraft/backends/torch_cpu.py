@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError
+from exactdraft.backends.base import BackendError, dense_matrix
 from exactdraft.backends.torch_backend import TorchBackend
 from exactdraft.kernels import cpu
 from exactdraft.models.weights import QuantizedTensor
@@ -92,9 +92,7 @@ class TorchCPUBackend(TorchBackend):
         if isinstance(weight, QuantizedTensor):
             layout = "dot" if self.quantized_activations else "grouped"
             return Matrix(cpu.pack_matrix(weight, layout=layout))
-        dense = np.array(weight, dtype=np.float32)
-        if dense.ndim != 2:
-            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        dense = dense_matrix(weight)
         if self.dtype == "bfloat16":
             return Matrix(cpu.pack_matrix(self._torch.from_numpy(dense).bfloat16()))
         return Matrix(cpu.pack_matrix(dense))

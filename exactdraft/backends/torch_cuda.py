@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError
+from exactdraft.backends.base import BackendError, dense_matrix
 from exactdraft.backends.torch_backend import TorchBackend
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
@@ -86,9 +86,7 @@ class TorchCudaBackend(TorchBackend):
 
     def matrix(self, weight: Any) -> Any:
         torch = _torch()
-        dense = np.array(weight, dtype=np.float32)
-        if dense.ndim != 2:
-            raise BackendError(f"a weight matrix must be 2-D, got shape {dense.shape}")
+        dense = dense_matrix(weight)
         # Kept as [N, K], the layout the matmul kernel reads along K.
         return torch.from_numpy(dense).to(self.torch_device, self.torch_dtype).contiguous()
 

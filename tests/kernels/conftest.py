@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from exactdraft.kernels import cpu
@@ -23,3 +24,15 @@ def restore_threads():
     default = cpu.num_threads()
     yield
     cpu.set_num_threads(default)
+
+
+def bits(array) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(array, dtype=np.float32)).view(np.uint32)
+
+
+def assert_rows_match_alone(x: np.ndarray, packed, bias) -> None:
+    """Every row of one matmul call has the bits that row gets in a call of its own."""
+    together = bits(cpu.matmul(x, packed, bias))
+    for r in range(x.shape[0]):
+        alone = bits(cpu.matmul(x[r:r + 1], packed, bias))
+        assert np.array_equal(together[r:r + 1], alone), (x.shape[0], r)

@@ -17,16 +17,13 @@ import pytest
 
 from exactdraft.kernels import cpu
 from exactdraft.models.weights import QuantizedTensor
+from tests.kernels.conftest import assert_rows_match_alone, bits
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
 FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")
 ROW_COUNTS = (*range(1, 17), 31, 33, 67)  # straddle the 4-row tiles and 32-row blocks
-
-
-def bits(array) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(array, dtype=np.float32)).view(np.uint32)
 
 
 def weight_source(format: str, dense: np.ndarray):
@@ -98,10 +95,7 @@ def test_matmul_row_invariance(level, format, depth, threads, restore_threads):
         x = rng.standard_normal((rows, depth)).astype(np.float32)
         x[rows // 2] *= 1e-20  # tiny and large magnitudes in the same pass
         x[0] *= 1e15
-        together = bits(cpu.matmul(x, packed, bias))
-        for r in range(rows):
-            alone = bits(cpu.matmul(x[r:r + 1], packed, bias))
-            assert np.array_equal(together[r:r + 1], alone), (rows, r)
+        assert_rows_match_alone(x, packed, bias)
 
 
 @pytest.mark.parametrize("format", FORMATS)

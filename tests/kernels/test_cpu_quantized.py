@@ -14,8 +14,8 @@ import pytest
 
 from exactdraft.kernels import cpu
 from exactdraft.models.weights import QuantizedTensor
-from tests.kernels.conftest import SIMD_LEVELS
-from tests.kernels.test_cpu import ROW_COUNTS, bits, exact_values, weight_source
+from tests.kernels.conftest import SIMD_LEVELS, assert_rows_match_alone, bits
+from tests.kernels.test_cpu import ROW_COUNTS, exact_values, weight_source
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
@@ -157,10 +157,7 @@ def test_dot_matmul_row_invariance(level, format, threads, restore_threads):
     bias = rng.standard_normal(517).astype(np.float32)
     for rows in ROW_COUNTS:
         x = awkward_rows(rng, rows, 320)
-        together = bits(cpu.matmul(x, packed, bias))
-        for r in range(rows):
-            alone = bits(cpu.matmul(x[r:r + 1], packed, bias))
-            assert np.array_equal(together[r:r + 1], alone), (rows, r)
+        assert_rows_match_alone(x, packed, bias)
 
 
 @pytest.mark.parametrize("format", BLOCK_FORMATS)

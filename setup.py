@@ -30,6 +30,7 @@ SOURCES = [
 ]
 HEADERS = [
     "csrc/cpu/kernels.h",
+    "csrc/cpu/formats.h",
     "csrc/cpu/kernel_body.h",
     "csrc/cpu/dot_body.h",
     "csrc/cpu/attention_body.h",

@@ -192,7 +192,7 @@ def chart(records: list[dict], path: Path) -> bool:
 
 
 def main() -> int:
-    from exactdraft.loading.checkpoint import bundled_model_path
+    from exactdraft.pretrained import bundled_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: bundled)")

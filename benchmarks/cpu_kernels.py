@@ -48,8 +48,8 @@ def best_seconds(call: Callable[[], object], repeat: int) -> float:
 
 def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
     """The packed weight and the float32 values torch multiplies by."""
+    from exactdraft.formats import QuantizedTensor
     from exactdraft.kernels import cpu
-    from exactdraft.models.weights import QuantizedTensor
 
     format, dot = format.removesuffix("-dot"), format.endswith("-dot")
     if format == "f32":
@@ -132,8 +132,8 @@ def model_passes(target, context: int, repeat: int) -> dict[str, float]:
 def run_model(context: int, repeat: int) -> list[str]:
     """Result lines of --model: one per weight kind, times in ms."""
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.loading.checkpoint import load_checkpoint
-    from exactdraft.models.transformer import Transformer
+    from exactdraft.models.llama import build as build_llama
+    from exactdraft.pretrained import load_checkpoint
 
     lines = [f"SmolLM2-135M, {context}-token context, best of {repeat}, ms"]
     for label, quantized, options in (("q4_1 int8 activations", True, {}),
@@ -141,7 +141,7 @@ def run_model(context: int, repeat: int) -> list[str]:
                                        {"quantized_activations": False}),
                                       ("float32 weights", False, {})):
         checkpoint = load_checkpoint(None, keep_quantized=quantized)
-        target = Transformer(checkpoint.config, checkpoint.tensors, TorchCPUBackend(**options))
+        target = build_llama(checkpoint.config, checkpoint.tensors, TorchCPUBackend(**options))
         times = model_passes(target, context, repeat)
         cells = " ".join(f"{name} {value:.2f}" for name, value in times.items())
         lines.append(f"{label:>23}: {cells}  W=8/step {times['W=8'] / times['step']:.2f}")

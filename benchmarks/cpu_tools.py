@@ -35,7 +35,7 @@ class Timed:
 class ExactdraftRunner:
     def __init__(self, model: str, quantized: bool) -> None:
         import exactdraft as xd
-        from exactdraft.loading.checkpoint import build_target, load_checkpoint
+        from exactdraft.pretrained import build_target, load_checkpoint
 
         checkpoint = load_checkpoint(model, keep_quantized=quantized)
         self.target = build_target(checkpoint, "torch")

@@ -175,14 +175,14 @@ def make_backend(device: str) -> TorchCudaBackend:
 
 def random_llama(device: str, quick: bool):
     """A llama-shaped model with random weights: about 1.1B parameters, or a small one."""
-    from exactdraft.models.config import ModelConfig
-    from exactdraft.models.transformer import Transformer
+    from exactdraft.models.config import DecoderConfig
+    from exactdraft.models.llama import build as build_llama
 
     size = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
                 num_kv_heads=1, head_dim=32) if quick else \
         dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
              num_kv_heads=8, head_dim=64)
-    config = ModelConfig(model_type="llama", vocab_size=256 if quick else 32000,
+    config = DecoderConfig(model_type="llama", vocab_size=256 if quick else 32000,
                          max_position_embeddings=4096,
                          rms_norm_eps=1e-5, rope_theta=500000.0, **size)
     rng = np.random.default_rng(0)
@@ -212,7 +212,7 @@ def random_llama(device: str, quick: bool):
             p + "mlp.down_proj.weight": normal(hidden, inner, scale=inner ** -0.5),
         })
     count = sum(t.size for t in tensors.values())
-    target = Transformer(config, tensors, make_backend(device), max_context=2048)
+    target = build_llama(config, tensors, make_backend(device), max_context=2048)
     size_text = f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.1f}M"
     return target, f"random llama ({size_text} parameters)"
 
@@ -240,7 +240,7 @@ def generators(device: str, quick: bool, bundled: str | None):
 
 def check_generation(device: str, quick: bool, failures: list[str]) -> dict[str, float]:
     import exactdraft as xd
-    from exactdraft.loading.checkpoint import bundled_model_path
+    from exactdraft.pretrained import bundled_model_path
 
     print("(b) drafted == serial (prompt lookup up to 8 drafts; self-draft up to 4)")
     speeds: dict[str, float] = {}

@@ -185,7 +185,7 @@ def end_to_end_check(engine: str, model: str | None, quick: bool, seed: int,
     the shaders; returns the number of failures."""
     import exactdraft as xd
     from exactdraft.guard import check_row_invariance
-    from exactdraft.loading.checkpoint import build_target, load_checkpoint
+    from exactdraft.pretrained import build_target, load_checkpoint
 
     checkpoint = load_checkpoint(model, keep_quantized=True)
     target = build_target(checkpoint, model_backend(engine))
@@ -227,7 +227,7 @@ def mlx_lm_comparison(engine: str, folder: str, quick: bool,
     import mlx_lm
 
     import exactdraft as xd
-    from exactdraft.loading.checkpoint import build_target, load_checkpoint
+    from exactdraft.pretrained import build_target, load_checkpoint
 
     checkpoint = load_checkpoint(folder)
     target = build_target(checkpoint, model_backend(engine))

@@ -193,12 +193,11 @@ def run_check(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from exactdraft.backends.base import BackendError
-    from exactdraft.guard import ExactnessError
+    from exactdraft.errors import ExactdraftError
 
     try:
         return run_generate(args) if args.command == "generate" else run_check(args)
-    except (ValueError, OSError, BackendError, ExactnessError, ImportError) as error:
+    except (ExactdraftError, ValueError, OSError, ImportError) as error:
         print(f"exactdraft: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

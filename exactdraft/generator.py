@@ -19,7 +19,8 @@ from typing import Any
 
 from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import DraftContext, Drafter
-from exactdraft.guard import ExactnessError, check_row_invariance
+from exactdraft.errors import ExactnessError, ParameterError
+from exactdraft.guard import check_row_invariance
 from exactdraft.models.target import Target
 from exactdraft.prompts import PromptInput, encode_prompt
 from exactdraft.sampling import KeyedSampler, SamplingParams
@@ -134,13 +135,23 @@ class Generator:
                         dtype: str | None = None, max_context: int | None = None,
                         strict: bool = False, **options: Any) -> Generator:
         """Load a checkpoint (folder, .gguf file or hub id; None = the bundled SmolLM2) and
-        build a Generator with its tokenizer."""
-        from exactdraft.loading.checkpoint import build_target, load_checkpoint
+        build a Generator with its tokenizer. `options` go to the loader (keep_quantized,
+        revision, cache_dir, with_tokenizer) or to the Generator (prefill_chunk,
+        adaptive_depth)."""
+        from exactdraft import pretrained
 
-        checkpoint = load_checkpoint(path_or_id, **options)
-        target = build_target(checkpoint, backend, device=device, dtype=dtype,
-                              max_context=max_context)
-        return cls(target, drafter=drafter, tokenizer=checkpoint.tokenizer, strict=strict)
+        generator_options = ("prefill_chunk", "adaptive_depth", "guard")
+        pretrained.check_options(options, pretrained.LOADING_OPTIONS + generator_options,
+                                 "from_pretrained")
+        if not isinstance(backend, str) and hasattr(backend, "propose"):
+            raise ParameterError(f"from_pretrained got a drafter ({backend!r}) as `backend`; "
+                                 "pass it as drafter=...")
+        own = {name: options.pop(name) for name in generator_options if name in options}
+        checkpoint = pretrained.load_checkpoint(path_or_id, **options)
+        target = pretrained.build_target(checkpoint, backend, device=device, dtype=dtype,
+                                         max_context=max_context)
+        return cls(target, drafter=drafter, tokenizer=checkpoint.tokenizer, strict=strict,
+                   **own)
 
     def generate(self, prompt: PromptInput, max_new_tokens: int = 256,
                  sampling: SamplingParams | None = None, *, stop: str | Sequence[str] = (),
@@ -177,7 +188,7 @@ class Generator:
                              f"the model's context of {self.target.max_context}")
         if stop_tokens is None:
             stop_tokens = getattr(self.tokenizer, "stop_token_ids", None) or \
-                getattr(getattr(self.target, "config", None), "eos_token_ids", ())
+                self.target.eos_token_ids
         return prompt_ids, max_new_tokens, params, StopMatcher(stop, stop_tokens, self.tokenizer)
 
     def _run(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,

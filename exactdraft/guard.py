@@ -9,15 +9,16 @@ measured where it is used, not assumed; the verdict is kept on the target per wi
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 
+from exactdraft.models.target import Target
 from exactdraft.sampling import _mix
 
-
-class ExactnessError(RuntimeError):
-    """Drafted output could not be guaranteed to equal serial output (raised in strict mode)."""
+# target -> {window: verdict}; a verdict lives as long as its target.
+_VERDICTS: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = weakref.WeakKeyDictionary()
 
 
 def probe_tokens(count: int, vocab_size: int, salt: int = 0) -> list[int]:
@@ -39,13 +40,16 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str | None:
             f"max |difference| {float(np.nanmax(gap)):.3g}")
 
 
-def check_row_invariance(target: Any, window: int) -> str | None:
+def check_row_invariance(target: Target, window: int) -> str | None:
     """None if every W-row pass (W = 2..window) equals W single steps bitwise, else a
-    sentence saying what differed. Cached on the target."""
-    verdicts = target.__dict__.setdefault("_row_invariance_verdicts", {})
+    sentence saying what differed. Kept per target and window."""
+    try:
+        verdicts = _VERDICTS.setdefault(target, {})
+    except TypeError:  # a target that cannot be weakly referenced is checked every time
+        verdicts = {}
     if window in verdicts:
         return verdicts[window]
-    block = getattr(getattr(target, "backend", None), "key_block", 64)
+    block = target.key_block
     room = target.max_context - window - 1
     if room < 1:
         verdicts[window] = (f"the model's context ({target.max_context}) is too short for a "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from exactdraft.errors import BackendError
+
 if TYPE_CHECKING:
     from exactdraft.sampling import SamplingParams
 
@@ -29,7 +31,7 @@ except ImportError as _error:
 _MASK = (1 << 64) - 1
 
 
-class NativeSamplerUnavailable(RuntimeError):
+class NativeSamplerUnavailable(BackendError):
     """The C extension is missing; the message says why."""
 
 

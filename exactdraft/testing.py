@@ -16,11 +16,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from exactdraft.check import check_exactness
 from exactdraft.generator import GenerationResult, Generator
-from exactdraft.guard import probe_tokens
 from exactdraft.prompts import PromptInput
 from exactdraft.sampling import SamplingParams
 
@@ -42,17 +39,11 @@ def assert_drafted_equals_serial(generator: Generator, prompts: Sequence[PromptI
 
 
 def model_fingerprint(generator: Generator) -> str:
-    """sha256 of the logits the model gives a fixed probe sequence, with its backend named:
-    equal fingerprints mean the same weights on the same arithmetic."""
+    """sha256 of the weights as loaded and the arithmetic contract they run under: equal
+    fingerprints mean the same weights on the same arithmetic, on any machine."""
     target = generator.target
-    backend = getattr(target, "backend", None)
-    digest = hashlib.sha256()
-    digest.update(repr((type(target).__name__, getattr(backend, "name", None),
-                        getattr(backend, "device", None), getattr(backend, "dtype", None),
-                        target.vocab_size)).encode())
-    tokens = probe_tokens(min(32, target.max_context - 1), target.vocab_size, salt=17)
-    digest.update(np.ascontiguousarray(target.forward(target.new_state(), tokens, "all")).data)
-    return digest.hexdigest()
+    identity = f"{target.weights_digest()}\n{target.arithmetic}\n{target.vocab_size}"
+    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 def _params_dict(params: SamplingParams) -> dict[str, Any]:

@@ -89,10 +89,10 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tiny_targets(tiny_checkpoints):
-    """variant name -> Transformer on the default torch CPU backend (float32)."""
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    """variant name -> model on the default torch CPU backend (float32)."""
+    from exactdraft.pretrained import build_target, load_checkpoint
 
-    return {variant: build_target(load_folder(folder), "torch")
+    return {variant: build_target(load_checkpoint(folder), "torch")
             for variant, folder in tiny_checkpoints.items()}
 
 
@@ -101,8 +101,8 @@ BACKENDS = ["torch", "torch-padded", "mlx"]
 
 @pytest.fixture(scope="session")
 def targets_by_backend(tiny_checkpoints, tiny_targets):
-    """(backend name, variant) -> Transformer, built on first use."""
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    """(backend name, variant) -> model, built on first use."""
+    from exactdraft.pretrained import build_target, load_checkpoint
 
     built = {("torch", variant): target for variant, target in tiny_targets.items()}
 
@@ -110,7 +110,7 @@ def targets_by_backend(tiny_checkpoints, tiny_targets):
         if backend == "mlx":
             pytest.importorskip("mlx.core", reason="mlx is not installed")
         if (backend, variant) not in built:
-            built[backend, variant] = build_target(load_folder(tiny_checkpoints[variant]),
+            built[backend, variant] = build_target(load_checkpoint(tiny_checkpoints[variant]),
                                                    backend)
         return built[backend, variant]
 
@@ -142,8 +142,8 @@ def perturbed_copy(folder: str, destination: str, scale: float, seed: int = 1) -
 @pytest.fixture(scope="session")
 def draft_target(tiny_checkpoints, tmp_path_factory):
     """A draft model close to the tiny llama target (perturbed weights, same vocabulary)."""
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
 
     folder = perturbed_copy(tiny_checkpoints["llama"], str(tmp_path_factory.mktemp("draft")),
                             scale=0.08)
-    return build_target(load_folder(folder), "torch")
+    return build_target(load_checkpoint(folder), "torch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import exactdraft as xd
-from exactdraft.backends.base import register_backend
+from exactdraft.backends.registry import register_backend
 from exactdraft.check import check_exactness, first_divergence
 from exactdraft.cli import main
 from tests.inexact import InexactTorchBackend

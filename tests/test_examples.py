@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exactdraft.loading.checkpoint import bundled_model_path
+from exactdraft.pretrained import bundled_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow,

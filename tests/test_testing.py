@@ -24,9 +24,9 @@ def test_assert_drafted_equals_serial_passes(tiny_targets):
 
 
 def test_assert_drafted_equals_serial_reports_a_guard_failure(tiny_checkpoints):
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
 
-    target = build_target(load_folder(tiny_checkpoints["llama"]), InexactTorchBackend())
+    target = build_target(load_checkpoint(tiny_checkpoints["llama"]), InexactTorchBackend())
     with pytest.warns(RuntimeWarning):
         generator = xd.Generator(target, xd.PromptLookup(min_match=1))
     with pytest.raises(AssertionError, match="guard turned drafting off"):

@@ -1,10 +1,11 @@
-/* One llama-family decoder layer for M rows in a single call, built from the dispatcher's ops.
+/* One decoder layer for M rows in a single call, built from the dispatcher's ops.
  *
  * Invariant: the layer calls the same kernels, in the same order, on the same values as the
  * per-op path of the torch CPU backend, so its output has the same bits:
- *   x = rms_norm(h); qkv = x W_qkv^T (+b); q, k = rms_norm per head (qwen3); q, k = rope;
- *   cache[start..] = k, v; a = attention(q); h = h + (a W_o^T (+b));
- *   x = rms_norm(h); h = h + (silu_mul(x W_gate_up^T (+b)) W_down^T (+b)).
+ *   x = rms_norm(h); qkv = x W_qkv^T (+b); q, k = rms_norm per head (if set); q, k = rope;
+ *   cache[start..] = k, v; a = attention(q) W_o^T (+b); a = rms_norm(a) (if set); h = h + a;
+ *   x = rms_norm(h); m = act(x W_gate_up^T (+b)) W_down^T (+b); m = rms_norm(m) (if set);
+ *   h = h + m.
  * Copies move values without arithmetic, and a residual add is one float addition per element,
  * as torch's `+` is.
  */
@@ -91,13 +92,18 @@ int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float 
         .head_dim = dim, .window = plan->window, .scale = plan->scale};
     run_attention(&attention);
     failed |= linear(&plan->output, attended, rows, projected);
+    if (plan->post_attention_norm)
+        rms_norm(projected, rows, width, plan->post_attention_norm, plan->eps, projected);
     add(hidden, projected, out, m * (size_t)width);
 
     rms_norm(out, rows, width, plan->mlp_norm, plan->eps, normed);
     failed |= linear(&plan->gate_up, normed, rows, gate_up);
-    struct rows_problem silu = {.x = gate_up, .out = gated, .rows = rows, .width = inner};
-    run_silu_mul(&silu);
+    struct rows_problem act = {.x = gate_up, .out = gated, .rows = rows, .width = inner};
+    if (plan->activation == ACTIVATION_GELU_TANH) run_gelu_mul(&act);
+    else run_silu_mul(&act);
     failed |= linear(&plan->down, gated, rows, projected);
+    if (plan->post_mlp_norm)
+        rms_norm(projected, rows, width, plan->post_mlp_norm, plan->eps, projected);
     add(out, projected, out, m * (size_t)width);
     free(scratch);
     return failed ? -1 : 0;

@@ -1,9 +1,9 @@
-/* One llama-family decoder layer for M rows in a single call, built from the dispatcher's ops.
+/* One decoder layer for M rows in a single call, built from the dispatcher's ops.
  *
  * Invariant: the layer calls the same kernels, in the same order, on the same values as the
  * per-op path of the torch CPU backend (exactdraft/backends/torch_cpu.py driven by
- * exactdraft/models/transformer.py), so its output has the same bits; it only saves the
- * Python calls and the intermediate tensors in between.
+ * exactdraft/models/blocks.py's decoder_layer), so its output has the same bits; it only saves
+ * the Python calls and the intermediate tensors in between.
  */
 #ifndef EXACTDRAFT_CPU_DECODER_LAYER_H
 #define EXACTDRAFT_CPU_DECODER_LAYER_H
@@ -18,11 +18,16 @@ struct layer_weight {
     int format, layout;
 };
 
+enum layer_activation { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1 };
+
 struct layer_plan {
     ptrdiff_t hidden_size, heads, kv_heads, head_dim, intermediate, window;
     float eps, scale;
+    int activation;               /* enum layer_activation */
     const float *attention_norm, *mlp_norm;
     const float *q_norm, *k_norm; /* both NULL or both set */
+    /* Norms of the attention and MLP outputs before their residual adds, or NULL. */
+    const float *post_attention_norm, *post_mlp_norm;
     struct layer_weight qkv, output, gate_up, down;
 };
 

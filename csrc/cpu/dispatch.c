@@ -249,3 +249,8 @@ void run_silu_mul(const struct rows_problem *p)
 {
     run_rows(p, p->width, active_level()->silu_mul_rows);
 }
+
+void run_gelu_mul(const struct rows_problem *p)
+{
+    run_rows(p, p->width, active_level()->gelu_mul_rows);
+}

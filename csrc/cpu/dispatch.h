@@ -24,5 +24,6 @@ void run_attention(const struct attention_problem *p);
 void run_rms_norm(const struct rows_problem *p);
 void run_rope(const struct rows_problem *p);
 void run_silu_mul(const struct rows_problem *p);
+void run_gelu_mul(const struct rows_problem *p);
 
 #endif

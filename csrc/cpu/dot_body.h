@@ -142,7 +142,7 @@ static const dot_function dot_tiles[3][8] = {DOT_TABLE(2), DOT_TABLE(3), DOT_TAB
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. */
 static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
-    const size_t block_bytes = FORMAT_BLOCK_BYTES[p->format];
+    const size_t block_bytes = BYTES_PER_32(p->format);
     const ptrdiff_t blocks = p->depth / QUANT_BLOCK;
     struct dot_args a = {.record_bytes = DOT_GROUP * block_bytes, .blocks = blocks,
                          .rows = p->rows, .q = p->quantized, .out_stride = p->columns};

@@ -163,15 +163,13 @@ static const tile_function tiles[FORMAT_COUNT][4][4] = {
 #error "a column tile must not straddle two weight groups"
 #endif
 
-static const size_t FORMAT_BLOCK_BYTES[FORMAT_COUNT] = {4 * QUANT_BLOCK, 2 * QUANT_BLOCK, 34, 18,
-                                                        20};
 
 /* All rows of output columns [first, end), first a multiple of TILE_COLUMNS. Rows are swept in
  * blocks of ROW_BLOCK so that a column tile's weights are read from memory once per block and
  * the block's inputs stay in cache. */
 static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
-    const size_t block_bytes = FORMAT_BLOCK_BYTES[p->format];
+    const size_t block_bytes = BYTES_PER_32(p->format);
     struct tile_args a = {.depth = p->depth, .x_stride = p->depth, .out_stride = p->columns,
                           .column_stride = p->row_bytes, .block_stride = block_bytes};
     for (ptrdiff_t m0 = 0; m0 < p->rows; m0 += ROW_BLOCK) {
@@ -279,21 +277,46 @@ static ALWAYS_INLINE vf silu_times(vf gate, vf up)
     return vf_mul(vf_div(gate, sigmoid_denominator), up);
 }
 
-static void silu_mul_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+/* gelu_tanh(x) = x / 2 (1 + tanh(u)) = x sigmoid(2 u), u = sqrt(2 / pi) (x + 0.044715 x^3):
+ * written as x / (1 + exp(-2 u)) with 2 u = x (2 sqrt(2 / pi)) (1 + 0.044715 x x). */
+static ALWAYS_INLINE vf gelu_times(vf gate, vf up)
+{
+    vf inner = vf_mul(vf_mul(gate, vf_set1(1.5957691216057308f)),
+                      vf_add(vf_set1(1.0f), vf_mul(vf_mul(vf_set1(0.044715f), gate), gate)));
+    vf denominator = vf_add(vf_set1(1.0f), vector_exp(vf_sub(vf_zero(), inner)));
+    return vf_mul(vf_div(gate, denominator), up);
+}
+
+/* act(gate) * up for rows [first, end) of gate_up [M, 2I]; every element, tails included, runs
+ * through the same vector code. */
+static ALWAYS_INLINE void gated_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end,
+                                     const int gelu)
 {
     const ptrdiff_t width = p->width, vectors = width / VW;
     const int tail = (int)(width % VW);
     for (ptrdiff_t m = first; m < end; m++) {
         const float *gate = p->x + m * 2 * width, *up = gate + width;
         float *out = p->out + m * width;
-        for (ptrdiff_t v = 0; v < vectors; v++)
-            vf_store(out + v * VW, silu_times(vf_load(gate + v * VW), vf_load(up + v * VW)));
+        for (ptrdiff_t v = 0; v < vectors; v++) {
+            vf g = vf_load(gate + v * VW), u = vf_load(up + v * VW);
+            vf_store(out + v * VW, gelu ? gelu_times(g, u) : silu_times(g, u));
+        }
         if (tail) {
             const ptrdiff_t o = vectors * VW;
-            vf_store_partial(out + o, silu_times(vf_load_partial(gate + o, tail),
-                                                 vf_load_partial(up + o, tail)), tail);
+            vf g = vf_load_partial(gate + o, tail), u = vf_load_partial(up + o, tail);
+            vf_store_partial(out + o, gelu ? gelu_times(g, u) : silu_times(g, u), tail);
         }
     }
+}
+
+static void silu_mul_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    gated_rows(p, first, end, 0);
+}
+
+static void gelu_mul_rows(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end)
+{
+    gated_rows(p, first, end, 1);
 }
 
 #if defined(DOT_TILE_ROWS)
@@ -308,6 +331,7 @@ const struct kernel_table KERNEL_TABLE = {
     .rms_norm_rows = rms_norm_rows,
     .rope_rows = rope_rows,
     .silu_mul_rows = silu_mul_rows,
+    .gelu_mul_rows = gelu_mul_rows,
 #if defined(DOT_TILE_ROWS)
     .quantize_rows = quantize_rows,
     .dot_matmul_columns = dot_matmul_columns,

@@ -14,8 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum weight_format { FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4_0 = 3,
-                     FORMAT_Q4_1 = 4, FORMAT_COUNT = 5 };
+#include "formats.h"
 
 enum weight_layout { LAYOUT_ROWS = 0, LAYOUT_GROUPED = 1, LAYOUT_DOT = 2, LAYOUT_COUNT = 3 };
 
@@ -81,7 +80,7 @@ struct attention_problem {
 };
 
 struct rows_problem {
-    const float *x;          /* rms_norm: [M, K]; rope: [M, H, D]; silu_mul: [M, 2I] */
+    const float *x;          /* rms_norm: [M, K]; rope: [M, H, D]; silu/gelu_mul: [M, 2I] */
     const float *weight;     /* rms_norm weight [K]; rope cos [M, D/2] */
     const float *weight2;    /* rope sin [M, D/2] */
     float *out;
@@ -99,6 +98,7 @@ struct kernel_table {
     void (*rms_norm_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*rope_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*silu_mul_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
+    void (*gelu_mul_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     /* The integer-dot path; NULL on a level that borrows another level's (identical) one.
      * dot_matmul_columns covers output columns [first, end), first a multiple of DOT_GROUP. */
     void (*quantize_rows)(const struct quantize_problem *p, ptrdiff_t first, ptrdiff_t end);

@@ -171,14 +171,15 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
-/* silu_mul(gate_up, rows, width, out): width is the output width I (gate_up holds 2 I). */
-static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* A gated activation (gate_up, rows, width, out): width is the output width I (gate_up holds
+ * gate then up, 2 I wide). */
+static PyObject *gated(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                       void (*run)(const struct rows_problem *))
 {
-    (void)self;
     struct rows_problem p = {0};
     void *x, *out;
     Py_ssize_t rows, width;
-    if (expect_arguments(nargs, 4, "silu_mul") || take_pointer(args[0], "gate_up", 0, &x) ||
+    if (expect_arguments(nargs, 4, name) || take_pointer(args[0], "gate_up", 0, &x) ||
         take_size(args[1], "rows", 1, &rows) || take_size(args[2], "width", 1, &width) ||
         take_pointer(args[3], "out", 0, &out))
         return NULL;
@@ -186,8 +187,40 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
     p.out = out;
     p.rows = rows;
     p.width = width;
-    RUN((double)rows * (double)width, run_silu_mul(&p));
+    RUN((double)rows * (double)width, run(&p));
     Py_RETURN_NONE;
+}
+
+static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return gated(args, nargs, "silu_mul", run_silu_mul);
+}
+
+static PyObject *py_gelu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return gated(args, nargs, "gelu_mul", run_gelu_mul);
+}
+
+/* format_table(): ((code, name, weights per block, bytes per block), ...) of formats.h. */
+static PyObject *py_format_table(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *rows = PyTuple_New(FORMAT_COUNT);
+    if (!rows) return NULL;
+    for (int code = 0; code < FORMAT_COUNT; code++) {
+        const struct format_row *row = &FORMAT_ROWS[code];
+        PyObject *entry = Py_BuildValue("(isii)", code, row->name, row->block_size,
+                                        row->block_bytes);
+        if (!entry) {
+            Py_DECREF(rows);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(rows, code, entry);
+    }
+    return rows;
 }
 
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
@@ -260,12 +293,15 @@ static PyMethodDef methods[] = {
     {"layer_plan", (PyCFunction)(void (*)(void))py_layer_plan, METH_FASTCALL,
      "a decoder layer's weights and sizes, checked once, for decoder_layer"},
     {"decoder_layer", (PyCFunction)(void (*)(void))py_decoder_layer, METH_FASTCALL,
-     "one llama-family decoder layer for M rows"},
+     "one decoder layer for M rows"},
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_FASTCALL,
      "causal grouped-query attention over a KV buffer"},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "RMS norm of rows"},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, "rotate-half RoPE"},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, "silu(gate) * up"},
+    {"gelu_mul", (PyCFunction)(void (*)(void))py_gelu_mul, METH_FASTCALL,
+     "gelu_tanh(gate) * up"},
+    {"format_table", py_format_table, METH_NOARGS, "the weight formats of formats.h"},
     {"set_num_threads", py_set_num_threads, METH_O, "set the pool size; returns the count"},
     {"num_threads", py_num_threads, METH_NOARGS, "threads that run kernels"},
     {"simd_level", py_simd_level, METH_NOARGS, "the active SIMD level"},

@@ -14,14 +14,11 @@
 /* Calls with less work than this keep the GIL: releasing and taking it back costs more. */
 #define RELEASE_GIL_MIN_WORK 1000000.0
 
-static const size_t BLOCK_BYTES[FORMAT_COUNT] = {0, 0, 34, 18, 20};
-
 /* Bytes of one weight row of K = depth in the rows or grouped layout. */
 static inline size_t weight_row_bytes(Py_ssize_t format, Py_ssize_t depth)
 {
-    if (format == FORMAT_F32) return (size_t)depth * 4;
-    if (format == FORMAT_BF16) return (size_t)depth * 2;
-    return (size_t)(depth / QUANT_BLOCK) * BLOCK_BYTES[format];
+    const struct format_row *row = &FORMAT_ROWS[format];
+    return (size_t)(depth / row->block_size) * (size_t)row->block_bytes;
 }
 
 /* A data pointer given as an integer, or as an object with a contiguous buffer (a numpy array);

@@ -47,14 +47,15 @@ static void free_plan(PyObject *capsule)
 }
 
 /* layer_plan(hidden_size, heads, kv_heads, head_dim, intermediate, window, eps, scale,
- *            attention_norm, mlp_norm, q_norm_or_0, k_norm_or_0, qkv, output, gate_up, down) */
+ *            attention_norm, mlp_norm, q_norm_or_0, k_norm_or_0, qkv, output, gate_up, down,
+ *            post_attention_norm_or_0, post_mlp_norm_or_0, activation) */
 PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct layer_plan p;
-    void *attention_norm, *mlp_norm, *q_norm, *k_norm;
-    Py_ssize_t hidden, heads, kv_heads, dim, inner, window;
-    if (expect_arguments(nargs, 16, "layer_plan") ||
+    void *attention_norm, *mlp_norm, *q_norm, *k_norm, *post_attention_norm, *post_mlp_norm;
+    Py_ssize_t hidden, heads, kv_heads, dim, inner, window, activation;
+    if (expect_arguments(nargs, 19, "layer_plan") ||
         take_size(args[0], "hidden_size", 1, &hidden) || take_size(args[1], "heads", 1, &heads) ||
         take_size(args[2], "kv_heads", 1, &kv_heads) || take_size(args[3], "head_dim", 2, &dim) ||
         take_size(args[4], "intermediate", 1, &inner) ||
@@ -63,8 +64,15 @@ PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         take_pointer(args[8], "attention_norm", 0, &attention_norm) ||
         take_pointer(args[9], "mlp_norm", 0, &mlp_norm) ||
         take_pointer(args[10], "q_norm", 1, &q_norm) ||
-        take_pointer(args[11], "k_norm", 1, &k_norm))
+        take_pointer(args[11], "k_norm", 1, &k_norm) ||
+        take_pointer(args[16], "post_attention_norm", 1, &post_attention_norm) ||
+        take_pointer(args[17], "post_mlp_norm", 1, &post_mlp_norm) ||
+        take_size(args[18], "activation", 0, &activation))
         return NULL;
+    if (activation != ACTIVATION_SILU && activation != ACTIVATION_GELU_TANH) {
+        PyErr_Format(PyExc_ValueError, "unknown activation code %zd", activation);
+        return NULL;
+    }
     if (heads % kv_heads || dim % 2 || dim > MAX_HEAD_DIM || (!q_norm != !k_norm)) {
         PyErr_Format(PyExc_ValueError, "unsupported layer shape: %zd heads, %zd KV heads, head "
                      "dim %zd (even, at most %d), q and k norms %s", heads, kv_heads, dim,
@@ -87,6 +95,9 @@ PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     p.mlp_norm = mlp_norm;
     p.q_norm = q_norm;
     p.k_norm = k_norm;
+    p.post_attention_norm = post_attention_norm;
+    p.post_mlp_norm = post_mlp_norm;
+    p.activation = (int)activation;
     struct layer_plan *kept = malloc(sizeof *kept);
     if (!kept) return PyErr_NoMemory();
     *kept = p;

@@ -13,21 +13,62 @@ its own.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import platform
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from exactdraft.errors import BackendError
+
 Array = Any
 
 DTYPES = ("float32", "bfloat16", "float16")
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
-class BackendError(RuntimeError):
-    """A backend cannot be created or cannot run an op; the message says which and why."""
+@dataclass
+class DecoderLayer:
+    """One decoder layer's weights, each prepared by the backend (`matrix` / `vector`).
+
+    The layer computes, for hidden rows h at positions p:
+        x = rms_norm(h, attention_norm); q, k, v = x qkv^T (+ qkv_bias)
+        q, k = rms_norm per head (q_norm, k_norm), then rope; keys and values enter the cache
+        a = attention(q) output^T (+ output_bias); a = rms_norm(a, post_attention_norm)
+        h = h + a; x = rms_norm(h, mlp_norm)
+        m = act(x gate_up^T (+ gate_up_bias)) down^T (+ down_bias); m = rms_norm(m, post_mlp_norm)
+        h = h + m
+    where a norm given as None is skipped and act is the gated activation of the LayerShape.
+    """
+
+    attention_norm: Array
+    qkv: Array
+    qkv_bias: Array | None
+    output: Array
+    output_bias: Array | None
+    q_norm: Array | None
+    k_norm: Array | None
+    post_attention_norm: Array | None
+    mlp_norm: Array
+    gate_up: Array
+    gate_up_bias: Array | None
+    down: Array
+    down_bias: Array | None
+    post_mlp_norm: Array | None
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The sizes and settings of one decoder layer."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    window: int  # 0: full attention; W: keys j with p - j < W
+    eps: float
+    attention_scale: float
+    activation: str  # one of ACTIVATIONS
 
 
 @runtime_checkable
@@ -62,6 +103,10 @@ class Backend(Protocol):
     def silu_mul(self, gate_up: Array) -> Array:
         """silu(gate) * up for gate_up [M, 2I] holding gate then up -> [M, I]."""
 
+    def gelu_mul(self, gate_up: Array) -> Array:
+        """gelu_tanh(gate) * up for gate_up [M, 2I] holding gate then up -> [M, I], where
+        gelu_tanh(x) = x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Array | None = None) -> Array:
         """A zero-filled key or value buffer [num_kv_heads, capacity, head_dim], holding the
@@ -79,6 +124,23 @@ class Backend(Protocol):
     def to_host(self, x: Array) -> np.ndarray:
         """A float32 numpy copy (or view) of x."""
 
+    # -- declared capabilities -------------------------------------------------------------
+
+    # Whether plan_layer / run_layer exist: a whole decoder layer in one call, with the bits
+    # of the per-op body (DecoderLayer's docstring) on this backend.
+    fused_layers: bool
+    # The arithmetic contract the backend's bits follow, e.g. "cpu-canonical-1": two machines
+    # whose backends name the same contract give the same bits for the same weights and inputs.
+    arithmetic: str
+
+    def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
+        """What run_layer needs for this layer, built once at load (fused_layers only)."""
+
+    def run_layer(self, plan: Any, hidden: Array, keys: Array, values: Array, start: int,
+                  cos: Array, sin: Array) -> Array:
+        """The decoder layer for rows at positions start.. (fused_layers only): writes their
+        keys and values into the buffers [Hkv, capacity, D] and returns the new hidden rows."""
+
 
 def dense_matrix(weight: Any) -> np.ndarray:
     """A weight as a float32 [N, K] numpy array (quantized weights dequantize), or an error."""
@@ -88,65 +150,14 @@ def dense_matrix(weight: Any) -> np.ndarray:
     return dense
 
 
-_FACTORIES: dict[str, Callable[..., Backend]] = {}
+class WithoutFusedLayers:
+    """For backends that declare no fused layers: the model runs the per-op body."""
 
+    fused_layers = False
 
-def register_backend(name: str, factory: Callable[..., Backend]) -> None:
-    """Make `get_backend(name, ...)` build a backend with `factory(device=..., dtype=...)`."""
-    _FACTORIES[name] = factory
+    def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
+        raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")
 
-
-def _load_builtin(name: str) -> None:
-    if name in _FACTORIES:
-        return
-    module = {"torch": "torch_backend", "mlx": "mlx_backend"}.get(name)
-    if module is None:
-        return
-    try:
-        importlib.import_module(f"exactdraft.backends.{module}")
-    except ImportError as error:
-        raise BackendError(
-            f"backend {name!r} needs the {name!r} package ({error}); "
-            f"install it with: pip install 'exactdraft[{name}]'"
-        ) from error
-
-
-def available_backends() -> list[str]:
-    """Names of the built-in backends whose packages are installed, plus registered ones."""
-    names = [n for n in ("torch", "mlx") if importlib.util.find_spec(n) is not None]
-    return names + [n for n in _FACTORIES if n not in names]
-
-
-def _auto_choice() -> tuple[str, str | None]:
-    if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("triton"):
-        import torch
-
-        if torch.cuda.is_available():
-            return "torch", "cuda"
-    on_apple = platform.system() == "Darwin" and platform.machine() == "arm64"
-    if on_apple and importlib.util.find_spec("mlx") is not None:
-        return "mlx", "gpu"
-    if importlib.util.find_spec("torch") is not None:
-        return "torch", "cpu"
-    if importlib.util.find_spec("mlx") is not None:
-        return "mlx", "cpu"
-    raise BackendError(
-        "no array backend is installed; install one with: pip install 'exactdraft[torch]'"
-    )
-
-
-def get_backend(name: str | Backend = "auto", device: str | None = None,
-                dtype: str | None = None) -> Backend:
-    """Build a backend by name ("auto", "torch", "mlx" or a registered name)."""
-    if not isinstance(name, str):
-        return name
-    if dtype is not None and dtype not in DTYPES:
-        raise BackendError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
-    if name == "auto":
-        name, auto_device = _auto_choice()
-        device = device or auto_device
-    _load_builtin(name)
-    if name not in _FACTORIES:
-        known = ", ".join(sorted(set(_FACTORIES) | {"torch", "mlx"}))
-        raise BackendError(f"unknown backend {name!r}; known: {known}")
-    return _FACTORIES[name](device=device, dtype=dtype)
+    def run_layer(self, plan: Any, hidden: Array, keys: Array, values: Array, start: int,
+                  cos: Array, sin: Array) -> Array:
+        raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")

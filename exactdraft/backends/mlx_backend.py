@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, dense_matrix, register_backend
-from exactdraft.models.weights import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
+from exactdraft.backends.base import BackendError, WithoutFusedLayers, dense_matrix
+from exactdraft.formats import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
 if TYPE_CHECKING:
     from exactdraft.kernels.metal import MetalShaders
@@ -77,7 +77,7 @@ class QuantizedLinear:
         self.shape = weight.shape
 
 
-class MLXBackend:
+class MLXBackend(WithoutFusedLayers):
     """Row-invariant ops on MLX arrays. `shaders`: None for MLX's own ops on device "cpu" and
     the Metal shaders on device "gpu"; "metal" or "emulator" to pick the shader engine (or a
     ready exactdraft.kernels.metal.MetalShaders, e.g. one with its own emulator cache)."""
@@ -105,6 +105,8 @@ class MLXBackend:
         self.shaders = self._shader_engine(shaders)
         self.key_block = self._key_block(key_block)
         self.quantized = quantized
+        engine = "mlx-ops" if self.shaders is None else f"shaders-{self.shaders.engine_name}"
+        self.arithmetic = f"mlx-{mx.__version__}-{self.device}-{engine}-{self.dtype}"
         mx.set_default_device(mx.gpu if self.device == "gpu" else mx.cpu)
 
     def _shader_engine(self, shaders: str | MetalShaders | None) -> MetalShaders | None:
@@ -160,7 +162,8 @@ class MLXBackend:
     def matrix(self, weight: Any) -> Any:
         """Dense [N, K] arrays stay dense; GGUF blocks and MLX affine weights stay quantized
         (GGUF q4_0/q4_1/q8_0 map losslessly onto the affine layout) unless quantized=False."""
-        if isinstance(weight, QuantizedTensor) and self.quantized:
+        if isinstance(weight, QuantizedTensor) and self.quantized \
+                and weight.row.affine_bits is not None:
             weight = affine_from_blocks(weight)
         if isinstance(weight, AffineQuantizedTensor) and self.quantized:
             if self.shaders is not None and weight.group_size not in SHADER_GROUP_SIZES:
@@ -219,6 +222,14 @@ class MLXBackend:
         gate, up = gate_up[..., :half], gate_up[..., half:]
         return gate / (1.0 + mx.exp(-gate)) * up
 
+    def gelu_mul(self, gate_up: Any) -> Any:
+        mx = _mx()
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :half], gate_up[..., half:]
+        # 0.5 x (1 + tanh(u)) == x sigmoid(2 u), u = sqrt(2 / pi) (x + 0.044715 x^3).
+        inner = gate * 1.5957691216057308 * (1.0 + 0.044715 * gate * gate)
+        return gate / (1.0 + mx.exp(-inner)) * up
+
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Any | None = None) -> Any:
         buffer = _mx().zeros((num_kv_heads, capacity, head_dim), dtype=self.mx_dtype)
@@ -273,5 +284,3 @@ class MLXBackend:
     def to_host(self, x: Any) -> np.ndarray:
         return np.array(x.astype(_mx().float32))
 
-
-register_backend("mlx", lambda device=None, dtype=None: MLXBackend(device=device, dtype=dtype))

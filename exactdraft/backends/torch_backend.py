@@ -19,15 +19,15 @@ masked keys contribute exact zeros, so keys beyond its own position never change
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, dense_matrix, register_backend
+from exactdraft.backends.base import BackendError, WithoutFusedLayers, dense_matrix
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 ROW_MULTIPLE = 4
+GELU_SCALE = 0.7978845608028654  # sqrt(2 / pi)
 
 
 def _torch():
@@ -36,7 +36,7 @@ def _torch():
     return torch
 
 
-class TorchBackend:
+class TorchBackend(WithoutFusedLayers):
     """Row-invariant ops on torch tensors (device cpu)."""
 
     name = "torch"
@@ -55,6 +55,8 @@ class TorchBackend:
         self.torch_dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
         self.torch_device = torch.device("cpu")
         self.key_block = key_block
+        # MKL's bits for a padded row count, re-checked by the guard on every machine.
+        self.arithmetic = f"torch-padded-cpu-{torch.__version__}-{self.dtype}"
 
     def __repr__(self) -> str:
         return f"TorchBackend(device={self.device!r}, dtype={self.dtype!r})"
@@ -109,6 +111,14 @@ class TorchBackend:
         gate, up = gate_up[..., :half], gate_up[..., half:]
         return gate / (1.0 + torch.exp(-gate)) * up
 
+    def gelu_mul(self, gate_up: Any) -> Any:
+        torch = _torch()
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :half], gate_up[..., half:]
+        # 0.5 x (1 + tanh(u)) == x sigmoid(2 u), written with exp (see silu_mul).
+        inner = gate * (GELU_SCALE * 2.0) * (1.0 + 0.044715 * gate * gate)
+        return gate / (1.0 + torch.exp(-inner)) * up
+
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Any | None = None) -> Any:
         buffer = _torch().zeros(num_kv_heads, capacity, head_dim, dtype=self.torch_dtype,
@@ -160,28 +170,3 @@ class TorchBackend:
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.detach().float().cpu().numpy()
-
-
-def torch_backend(device: str | None = None, dtype: str | None = None) -> Any:
-    """The best row-invariant torch backend for a device: Triton kernels on cuda, the C
-    kernels on cpu, and this padded path when the C kernels are unavailable (with a warning)."""
-    device = device or "cpu"
-    if device.startswith("cuda"):
-        from exactdraft.backends.torch_cuda import TorchCudaBackend
-
-        return TorchCudaBackend(device=device, dtype=dtype)
-    from exactdraft.kernels import cpu
-
-    if cpu.available() and (dtype or "float32") in ("float32", "bfloat16"):
-        from exactdraft.backends.torch_cpu import TorchCPUBackend
-
-        return TorchCPUBackend(device=device, dtype=dtype)
-    if not cpu.available():
-        warnings.warn(f"exactdraft's C kernels are unavailable ({cpu.unavailable_reason()}); "
-                      "using the slower padded torch path", RuntimeWarning, stacklevel=3)
-    return TorchBackend(device=device, dtype=dtype)
-
-
-register_backend("torch", torch_backend)
-register_backend("torch-padded",
-                 lambda device=None, dtype=None: TorchBackend(device=device, dtype=dtype))

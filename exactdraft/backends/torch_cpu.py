@@ -11,9 +11,9 @@ multiply int8-quantized activation rows with exact integer block sums by default
 (quantized_activations=True, as llama.cpp does; each row is quantized on its own, so rows stay
 invariant); quantized_activations=False keeps float32 activations.
 
-`decoder_layer` (fused_layers=True) runs a whole decoder layer in one C call that makes the
-same kernel calls as the per-op methods, in the same order, so the two paths give the same bits;
-with fused_layers=False the attribute is None and the model runs its generic per-op body.
+With fused_layers=True (the default) the backend declares fused layers: `run_layer` runs a whole
+decoder layer in one C call that makes the same kernel calls as the per-op methods, in the same
+order, so the two paths give the same bits; its plan is built once per layer at load.
 
 Every tensor these methods hand to a kernel is one this backend made (contiguous float32 of a
 known shape), so they call the extension with raw data pointers instead of re-checking each
@@ -27,10 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, dense_matrix
+from exactdraft.backends.base import BackendError, DecoderLayer, LayerShape, dense_matrix
 from exactdraft.backends.torch_backend import TorchBackend
+from exactdraft.formats import QuantizedTensor
 from exactdraft.kernels import cpu
-from exactdraft.models.weights import QuantizedTensor
+
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # enum layer_activation in decoder_layer.h
+# The version of the CPU kernels' arithmetic: every machine, SIMD level and thread count that
+# names it gives the same bits for the same weights and inputs.
+CPU_ARITHMETIC = "cpu-kernels-1"
 
 
 class Matrix:
@@ -49,9 +54,6 @@ class Matrix:
         """What the C layer plan takes for this weight and its bias."""
         return (self.address, 0 if bias is None else bias.data_ptr(), self.columns, self.depth,
                 self.format, self.layout)
-
-
-_PLAN_ATTRIBUTE = "_cpu_layer_plan"
 
 
 class TorchCPUBackend(TorchBackend):
@@ -77,8 +79,8 @@ class TorchCPUBackend(TorchBackend):
         self._native = cpu.native()
         self.quantized_activations = quantized_activations
         self.fused_layers = fused_layers
-        if not fused_layers:
-            self.decoder_layer = None  # the model then runs its generic per-op body
+        activations = "int8" if quantized_activations else "float32"
+        self.arithmetic = f"{CPU_ARITHMETIC}-{self.dtype}-{activations}-activations"
 
     def __repr__(self) -> str:
         return (f"TorchCPUBackend(dtype={self.dtype!r}, simd={cpu.simd_level()!r}, "
@@ -139,6 +141,12 @@ class TorchCPUBackend(TorchBackend):
         self._native.silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
         return out
 
+    def gelu_mul(self, gate_up: Any) -> Any:
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = self._empty(rows, width)
+        self._native.gelu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
+
     def kv_buffer(self, num_kv_heads: int, capacity: int, head_dim: int,
                   previous: Any | None = None) -> Any:
         buffer = self._torch.zeros(num_kv_heads, capacity, head_dim)
@@ -161,35 +169,35 @@ class TorchCPUBackend(TorchBackend):
                                out.data_ptr())
         return out
 
-    def decoder_layer(self, hidden: Any, layer: Any, keys: Any, values: Any, start: int,
-                      cos: Any, sin: Any, scale: float, config: Any) -> Any:
-        """One decoder layer (models/transformer.py's Layer) for rows at positions start..:
-        writes the rows' keys and values into the buffers [Hkv, capacity, D] and returns the new
-        hidden [M, H]; bit for bit the per-op body of Transformer.forward on this backend."""
-        key = (scale, config.rms_norm_eps)
-        cached = getattr(layer, _PLAN_ATTRIBUTE, None)
-        if cached is None or cached[0] != key:
-            cached = (key, self._layer_plan(layer, scale, config))
-            setattr(layer, _PLAN_ATTRIBUTE, cached)  # lives and dies with the layer's weights
-        hidden = hidden.contiguous()
-        rows = hidden.shape[0]
-        out = self._empty(rows, hidden.shape[1])
-        self._native.decoder_layer(cached[1], hidden.data_ptr(), out.data_ptr(), rows,
-                                   keys.data_ptr(), values.data_ptr(), keys.shape[1], start,
-                                   cos.data_ptr(), sin.data_ptr())
-        return out
+    def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
+        if not self.fused_layers:
+            raise BackendError(f"{self!r} was made with fused_layers=False")
 
-    def _layer_plan(self, layer: Any, scale: float, config: Any) -> Any:
         def address(vector: Any | None) -> int:
             return 0 if vector is None else vector.data_ptr()
 
-        c = config
+        s = shape
         return self._native.layer_plan(
-            c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-            layer.window, c.rms_norm_eps, scale, address(layer.attention_norm),
+            s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size,
+            s.window, s.eps, s.attention_scale, address(layer.attention_norm),
             address(layer.mlp_norm), address(layer.q_norm), address(layer.k_norm),
             layer.qkv.plan_entry(layer.qkv_bias), layer.output.plan_entry(layer.output_bias),
-            layer.gate_up.plan_entry(layer.gate_up_bias), layer.down.plan_entry(layer.down_bias))
+            layer.gate_up.plan_entry(layer.gate_up_bias), layer.down.plan_entry(layer.down_bias),
+            address(layer.post_attention_norm), address(layer.post_mlp_norm),
+            ACTIVATION_CODES[s.activation])
+
+    def run_layer(self, plan: Any, hidden: Any, keys: Any, values: Any, start: int, cos: Any,
+                  sin: Any) -> Any:
+        """One decoder layer for rows at positions start..: writes the rows' keys and values
+        into the buffers [Hkv, capacity, D] and returns the new hidden [M, H]; bit for bit the
+        per-op body (exactdraft.models.blocks.decoder_layer) on this backend."""
+        hidden = hidden.contiguous()
+        rows = hidden.shape[0]
+        out = self._empty(rows, hidden.shape[1])
+        self._native.decoder_layer(plan, hidden.data_ptr(), out.data_ptr(), rows,
+                                   keys.data_ptr(), values.data_ptr(), keys.shape[1], start,
+                                   cos.data_ptr(), sin.data_ptr())
+        return out
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.numpy()

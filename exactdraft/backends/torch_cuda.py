@@ -78,6 +78,10 @@ class TorchCudaBackend(TorchBackend):
         # KV buffers grow in whole attention chunks; any capacity would be correct, since the
         # kernel masks by position, but whole chunks keep reads of a row's last chunk in bounds.
         self.key_block = key_block or attention.CHUNK
+        # Row invariance holds per device family; bits may differ between GPU models.
+        where = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" \
+            else "interpreter"
+        self.arithmetic = f"triton-{where}-{self.dtype}-{dot}"
 
     def __repr__(self) -> str:
         return f"TorchCudaBackend(device={self.device!r}, dtype={self.dtype!r})"

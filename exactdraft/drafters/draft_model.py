@@ -34,7 +34,7 @@ class DraftModel:
     def from_pretrained(cls, path_or_id: str, max_draft: int = 4,
                         **load_options: Any) -> DraftModel:
         """Load a draft model the way Generator.from_pretrained loads a target."""
-        from exactdraft.loading.checkpoint import load_target
+        from exactdraft.pretrained import load_target
 
         return cls(load_target(path_or_id, **load_options), max_draft=max_draft)
 

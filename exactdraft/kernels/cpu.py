@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.errors import BackendError
 from exactdraft.kernels.cpu_arrays import address_of, is_torch, output_for
 from exactdraft.kernels.cpu_weights import (  # noqa: F401  (re-exported: the public API)
+    BLOCK_SIZE,
     DOT_GROUP,
     FORMAT_CODES,
     FORMATS,
@@ -31,7 +33,6 @@ from exactdraft.kernels.cpu_weights import (  # noqa: F401  (re-exported: the pu
     PackedMatrix,
     pack_matrix,
 )
-from exactdraft.models.weights import BLOCK_SIZE
 
 try:
     from exactdraft import _cpu_kernels as _native
@@ -45,9 +46,7 @@ except ImportError as _error:
         "`pip install .` and read the build log's warning if it still fails"
     )
 
-
-
-class CpuKernelsUnavailable(RuntimeError):
+class CpuKernelsUnavailable(BackendError):
     """The C extension is missing; the message says why."""
 
 
@@ -198,6 +197,15 @@ def rope(x: Any, cos: Any, sin: Any, out: Any = None) -> Any:
 
 def silu_mul(gate_up: Any, out: Any = None) -> Any:
     """silu(gate) * up for gate_up [M, 2I] holding gate then up -> float32 [M, I]."""
+    return _gated("silu_mul", gate_up, out)
+
+
+def gelu_mul(gate_up: Any, out: Any = None) -> Any:
+    """gelu_tanh(gate) * up for gate_up [M, 2I] holding gate then up -> float32 [M, I]."""
+    return _gated("gelu_mul", gate_up, out)
+
+
+def _gated(kernel: str, gate_up: Any, out: Any) -> Any:
     kernels = _kernels()
     address = address_of(gate_up, "gate_up", "float32", (None, None))
     rows, double_width = gate_up.shape
@@ -205,5 +213,10 @@ def silu_mul(gate_up: Any, out: Any = None) -> Any:
         raise ValueError(f"gate_up must have an even width (gate then up), got {double_width}")
     out, out_address = output_for(out, gate_up, (rows, double_width // 2), (gate_up,))
     if rows:
-        kernels.silu_mul(address, rows, double_width // 2, out_address)
+        getattr(kernels, kernel)(address, rows, double_width // 2, out_address)
     return out
+
+
+def format_table() -> tuple[tuple[int, str, int, int], ...]:
+    """The C side's formats: (kernel code, name, weights per block, bytes per block)."""
+    return _kernels().format_table()

@@ -14,17 +14,19 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.formats import FORMATS as FORMAT_ROWS
+from exactdraft.formats import QuantizedTensor
 from exactdraft.kernels.cpu_arrays import address_of, is_torch
-from exactdraft.models.weights import BLOCK_BYTES, BLOCK_SIZE, QuantizedTensor
 
-FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")
-FORMAT_CODES = {name: code for code, name in enumerate(FORMATS)}
+# The formats the kernels multiply, by their kernel code (csrc/cpu/formats.h).
+FORMAT_CODES = {row.name: row.kernel for row in FORMAT_ROWS.values() if row.kernel is not None}
+FORMATS = tuple(sorted(FORMAT_CODES, key=FORMAT_CODES.get))
+BLOCK_SIZE = 32  # the weights the grouped layout interleaves, and the dot layout's block
 _FLOAT32 = np.dtype(np.float32)
 LAYOUTS = ("grouped", "rows", "dot")
 LAYOUT_CODES = {"rows": 0, "grouped": 1, "dot": 2}  # enum weight_layout in kernels.h
 WEIGHT_GROUP = 4  # rows whose blocks the grouped layout interleaves (WEIGHT_GROUP in kernels.h)
 DOT_GROUP = 16  # rows whose blocks the dot layout interleaves (DOT_GROUP in kernels.h)
-_DENSE_BLOCK_BYTES = {"f32": 4 * BLOCK_SIZE, "bf16": 2 * BLOCK_SIZE}
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,13 +60,17 @@ class PackedMatrix:
 
 
 def _row_bytes(format: str, depth: int) -> int:
-    if format == "f32":
-        return 4 * depth
-    if format == "bf16":
-        return 2 * depth
-    if depth % BLOCK_SIZE:
-        raise ValueError(f"{format} weights need K to be a multiple of {BLOCK_SIZE}, got {depth}")
-    return depth // BLOCK_SIZE * BLOCK_BYTES[format]
+    row = FORMAT_ROWS[format]
+    if depth % row.block_size:
+        raise ValueError(f"{format} weights need K to be a multiple of {row.block_size}, got "
+                         f"{depth}")
+    return row.row_bytes(depth)
+
+
+def _bytes_per_block(format: str) -> int:
+    """Bytes of BLOCK_SIZE consecutive weights of a row."""
+    row = FORMAT_ROWS[format]
+    return BLOCK_SIZE // row.block_size * row.block_bytes
 
 
 def _as_bytes(data: Any) -> np.ndarray:
@@ -95,7 +101,7 @@ def _group_rows(rows: np.ndarray, block_bytes: int) -> np.ndarray:
 
 def _dot_records(rows: np.ndarray, format: str) -> np.ndarray:
     """A copy of uint8 GGUF rows [N, row bytes] in the dot layout (see PackedMatrix)."""
-    block_bytes, header = BLOCK_BYTES[format], 4 if format == "q4_1" else 2
+    block_bytes, header = _bytes_per_block(format), 4 if format == "q4_1" else 2
     count, blocks = rows.shape[0], rows.shape[1] // block_bytes
     groups = -(-count // DOT_GROUP)
     padded = np.zeros((groups * DOT_GROUP, blocks, block_bytes), np.uint8)
@@ -127,15 +133,14 @@ def pack_matrix(weight: Any, format: str | None = None, depth: int | None = None
         raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     packed = _pack_rows(weight, format, depth)
     if layout == "dot":
-        if packed.format not in BLOCK_BYTES:
+        if not FORMAT_ROWS[packed.format].integer_dot:
             raise ValueError(f"the dot layout needs q8_0, q4_0 or q4_1 weights, not "
                              f"{packed.format}")
         records = _dot_records(_as_bytes(packed.data), packed.format)
         return PackedMatrix(packed.format, packed.shape, records, "dot")
     if layout == "rows" or packed.shape[1] % BLOCK_SIZE:
         return packed
-    block_bytes = _DENSE_BLOCK_BYTES.get(packed.format) or BLOCK_BYTES[packed.format]
-    grouped = _group_rows(_as_bytes(packed.data), block_bytes)
+    grouped = _group_rows(_as_bytes(packed.data), _bytes_per_block(packed.format))
     return PackedMatrix(packed.format, packed.shape, grouped, "grouped")
 
 

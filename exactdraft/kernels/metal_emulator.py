@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.kernels.metal import SOURCE_DIR, MetalShaderError, ShaderSpec, dtype_name
+from exactdraft.kernels.metal_source import SOURCE_DIR, MetalShaderError, ShaderSpec, dtype_name
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "exactdraft" / "metal-emulator"
 

@@ -10,19 +10,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from exactdraft.loading.safetensors_file import CheckpointError
-from exactdraft.models.weights import AffineQuantizedTensor
+from exactdraft.errors import CheckpointError
+from exactdraft.formats import AffineQuantizedTensor
 
 
-def quantization_settings(raw_config: dict[str, Any]) -> dict[str, Any] | None:
+def quantization_settings(raw_config: dict[str, Any],
+                          source: str = "config.json") -> dict[str, Any] | None:
     """{"group_size", "bits"} from an MLX config.json, or None for a dense checkpoint."""
     settings = raw_config.get("quantization") or raw_config.get("quantization_config")
-    if not settings or "bits" not in settings or "group_size" not in settings:
+    if not isinstance(settings, dict) or "bits" not in settings or "group_size" not in settings:
         return None
     mode = settings.get("mode", "affine")
     if mode != "affine":
-        raise CheckpointError(f"quantization mode {mode!r} is not supported (affine)")
-    return {"group_size": int(settings["group_size"]), "bits": int(settings["bits"])}
+        raise CheckpointError(f"{source}: quantization mode {mode!r} is not supported (affine)")
+    for key in ("bits", "group_size"):
+        if isinstance(settings[key], bool) or not isinstance(settings[key], int):
+            raise CheckpointError(f"{source}: quantization {key} must be an integer, got "
+                                  f"{settings[key]!r}")
+    return {"group_size": settings["group_size"], "bits": settings["bits"]}
 
 
 class AffineTensors(Mapping):

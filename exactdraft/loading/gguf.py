@@ -1,348 +1,218 @@
-"""Reading GGUF checkpoints (llama, qwen2, qwen3) as one ModelConfig and canonical tensors.
+"""Reading GGUF files: metadata as Python values, tensors as views of one memory map.
 
-Invariant: every tensor handed out holds exactly the values the file stores, under its Hugging
-Face name and in Hugging Face's layout. F16 and BF16 widen exactly; Q8_0, Q4_0 and Q4_1 blocks
-dequantize exactly to float32 (or stay as their raw blocks); the q/k rows that llama.cpp's
-converter interleaved for its rope are put back in rotate-half order. The whole file is checked
-(architecture, every tensor's name and type) before any tensor is converted, so a bad file fails
-at load with the file and the tensor named.
+Invariant: a GGUF file is untrusted input. Every count, length, offset and type in it is checked
+against the file's size and the known types before it is used, so a truncated or corrupt file
+fails with a GGUFError naming the file and the field, never with an IndexError or a huge
+allocation. Tensors are not copied: each is a uint8 view of the file's memory map, handed out as
+the values it stores (float32 arrays for F32/F16/BF16, QuantizedTensor blocks or their float32
+dequantization for block formats), in the row-major [rows, K] layout of Hugging Face weights.
+Nothing here knows about model families: it reads, and builds nothing.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from exactdraft.loading.safetensors_file import CheckpointError, bf16_to_float32
-from exactdraft.loading.tokenizer import Tokenizer, TokenizerError
-from exactdraft.models.config import ConfigError, ModelConfig, RopeScaling
-from exactdraft.models.weights import QuantizedTensor, WeightError
+from exactdraft.errors import GGUFError, WeightError
+from exactdraft.formats import FORMATS, QuantizedTensor, WeightFormat, format_for_ggml_type
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-DENSE_TYPES = ("F32", "F16", "BF16")
-BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
-# llama.cpp runs the llama architecture with an interleaved rope and permutes these rows for it.
-_ROTATED_TENSOR = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
-# Llama-3 style per-frequency rope factors: read into the config, not handed out as a weight.
-_ROPE_FACTORS = "rope_freqs.weight"
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
+                  7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4
+# GGUF tensor types exactdraft does not read, named in its refusal.
+_UNREAD_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
+                 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
+                 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0",
+                 35: "TQ2_0", 39: "MXFP4"}
 
 
-class GGUFError(CheckpointError):
-    """A GGUF file cannot be read; the message names the file and the problem."""
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    format: WeightFormat
+    shape: tuple[int, ...]  # Hugging Face order: rows first (GGUF lists dimensions reversed)
+    offset: int  # bytes from the start of the file
+    size: int  # bytes
 
 
-@dataclass
-class GGUFCheckpoint:
-    config: ModelConfig
-    tensors: Mapping[str, np.ndarray | QuantizedTensor]
-    # None when the file carries no tokenizer metadata.
-    tokenizer: Tokenizer | None
-    metadata: dict[str, Any] = field(default_factory=dict)
+class _Cursor:
+    """Bounds-checked little-endian reads from a bytes-like buffer."""
 
+    def __init__(self, data: Any, path: str) -> None:
+        self.data, self.path, self.at = data, path, 0
 
-def load_gguf(path: str | os.PathLike[str], *, keep_quantized: bool = False,
-              with_tokenizer: bool = True) -> GGUFCheckpoint:
-    """Read a GGUF checkpoint. Block-quantized matrices are dequantized to float32 unless
-    `keep_quantized`, which keeps them as QuantizedTensor (vectors are always float32).
-    `with_tokenizer=False` skips the tokenizer, e.g. for a vocabulary type we cannot build."""
-    path = os.fspath(path)
-    reader = _open_reader(path)
-    fields = _read_fields(reader, path)
-    architecture = fields.get("general.architecture")
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        raise ConfigError(f"{path}: unsupported GGUF architecture {architecture!r}; supported: "
-                          + ", ".join(SUPPORTED_ARCHITECTURES))
-    entries = _check_tensors(path, reader)
-    config = config_from_gguf(fields, entries, path)
-    tokenizer = None
-    if with_tokenizer and "tokenizer.ggml.model" in fields:
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: truncated or corrupt GGUF file ({what} at byte "
+                         f"{self.at} of {len(self.data)})")
+
+    def take(self, count: int, what: str) -> memoryview:
+        if count < 0 or self.at + count > len(self.data):
+            raise self.fail(what)
+        view = self.data[self.at:self.at + count]
+        self.at += count
+        return view
+
+    def scalar(self, kind: int, what: str) -> Any:
+        code = _SCALARS[kind]
+        return struct.unpack(code, self.take(struct.calcsize(code), what))[0]
+
+    def string(self, what: str) -> str:
+        length = self.scalar(10, what)
+        raw = self.take(length, what)
         try:
-            tokenizer = Tokenizer.from_gguf(fields)
-        except TokenizerError as error:
-            raise TokenizerError(f"{path}: {error}; load_gguf(..., with_tokenizer=False) loads "
-                                 "the weights alone") from None
-    tensors: dict[str, np.ndarray | QuantizedTensor] = {}
-    for gguf_name, entry in entries.items():
-        name = canonical_name(gguf_name)
-        if name is None:
-            continue
-        order = None
-        rotated = _ROTATED_TENSOR.fullmatch(gguf_name)
-        if architecture == "llama" and rotated is not None:
-            heads = config.num_heads if rotated.group(1) == "q" else config.num_kv_heads
-            order = rope_row_order(heads, config.head_dim)
-        tensors[name] = _convert(entry, order, keep_quantized)
-    metadata = {
-        "path": path,
-        "architecture": architecture,
-        "name": fields.get("general.name"),
-        "file_type": _file_type_name(fields.get("general.file_type")),
-        "quantization_version": fields.get("general.quantization_version"),
-        "tensor_types": dict(Counter(e.tensor_type.name for e in entries.values())),
-        "tokenizer_model": fields.get("tokenizer.ggml.model"),
-        "tokenizer_pre": fields.get("tokenizer.ggml.pre"),
-    }
-    return GGUFCheckpoint(config=config, tensors=tensors, tokenizer=tokenizer, metadata=metadata)
+            return str(raw, "utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(f"{self.path}: {what} is not valid UTF-8") from None
+
+    def value(self, kind: int, what: str) -> Any:
+        if kind in _SCALARS:
+            return self.scalar(kind, what)
+        if kind == _STRING:
+            return self.string(what)
+        if kind != _ARRAY:
+            raise GGUFError(f"{self.path}: {what} has unknown value type {kind}")
+        item_kind = self.scalar(4, what)
+        count = self.scalar(10, what)
+        if item_kind in _NUMPY_SCALARS:
+            dtype = np.dtype(_NUMPY_SCALARS[item_kind])
+            raw = self.take(count * dtype.itemsize, what)
+            return np.frombuffer(raw, dtype=dtype).tolist()
+        if item_kind == _STRING:
+            if count > len(self.data) // 8:
+                raise self.fail(what)
+            return [self.string(what) for _ in range(count)]
+        raise GGUFError(f"{self.path}: {what} is an array of unsupported type {item_kind}")
+
+
+class GGUFFile:
+    """The metadata and tensor table of one GGUF file, over a read-only memory map."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise GGUFError(f"no GGUF file at {path}")
+        size = os.path.getsize(path)
+        if size < 24:
+            raise GGUFError(f"{path}: truncated GGUF file ({size} bytes)")
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        cursor = _Cursor(memoryview(self._map), path)
+        if bytes(cursor.take(4, "magic")) != MAGIC:
+            raise GGUFError(f"{path}: not a GGUF file (no GGUF magic at the start)")
+        version = cursor.scalar(4, "version")
+        if version not in VERSIONS:
+            raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: "
+                            f"{', '.join(map(str, VERSIONS))}; a byte-swapped file reads as a "
+                            "huge version)")
+        tensor_count = cursor.scalar(10, "tensor count")
+        field_count = cursor.scalar(10, "metadata count")
+        if tensor_count > size // 24 or field_count > size // 12:
+            raise cursor.fail("tensor or metadata count")
+        self.fields: dict[str, Any] = {}
+        for index in range(field_count):
+            key = cursor.string(f"metadata key {index}")
+            kind = cursor.scalar(4, f"metadata {key!r}")
+            self.fields[key] = cursor.value(kind, f"metadata {key!r}")
+        raw_infos = []
+        for index in range(tensor_count):
+            name = cursor.string(f"tensor name {index}")
+            dims = cursor.scalar(4, f"tensor {name!r}")
+            if not 1 <= dims <= _MAX_DIMS:
+                raise GGUFError(f"{path}: tensor {name!r} has {dims} dimensions")
+            shape = [cursor.scalar(10, f"tensor {name!r}") for _ in range(dims)]
+            kind = cursor.scalar(4, f"tensor {name!r}")
+            offset = cursor.scalar(10, f"tensor {name!r}")
+            raw_infos.append((name, shape, kind, offset))
+        alignment = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+            raise GGUFError(f"{path}: general.alignment {alignment!r} is not a power of two")
+        data_start = -(-cursor.at // alignment) * alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, kind, offset in raw_infos:
+            self.tensors[name] = self._info(name, shape, kind, data_start + offset, size)
+
+    def _info(self, name: str, shape: list[int], kind: int, offset: int,
+              size: int) -> TensorInfo:
+        path = self.path
+        row = format_for_ggml_type(kind)
+        if row is None:
+            kind_name = _UNREAD_TYPES.get(kind, f"{kind} (unknown)")
+            raise WeightError(f"{path}: tensor {name!r} has type {kind_name}, which is not "
+                              f"supported; supported: "
+                              f"{', '.join(f.name.upper() for f in FORMATS.values())}")
+        if name in self.tensors:
+            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+        if any(d < 1 for d in shape) or int(np.prod(shape, dtype=np.float64)) > size * 8:
+            raise GGUFError(f"{path}: tensor {name!r} has impossible shape {shape}")
+        if shape[0] % row.block_size:
+            raise WeightError(f"{path}: tensor {name!r} ({row.name}) has a row of {shape[0]} "
+                              f"weights, not a multiple of the {row.block_size}-weight block")
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count // row.block_size * row.block_bytes
+        if offset + nbytes > size:
+            raise GGUFError(f"{path}: truncated GGUF file: tensor {name!r} ends at byte "
+                            f"{offset + nbytes} of {size}")
+        return TensorInfo(name, row, tuple(reversed(shape)), offset, nbytes)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes as uint8 [rows, row bytes] (a view of the map)."""
+        info = self.tensors[name]
+        depth = info.shape[-1]
+        rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
+        view = self._map[info.offset:info.offset + info.size]
+        return view.reshape(rows, info.format.row_bytes(depth))
+
+    def tensor(self, name: str, keep_quantized: bool = True) -> np.ndarray | QuantizedTensor:
+        """The tensor's values: float32 for dense types; a QuantizedTensor for 2-D block
+        formats when keep_quantized, else their float32 dequantization."""
+        info = self.tensors[name]
+        raw = self.raw(name)
+        kind = info.format.name
+        if kind == "f32":
+            return raw.view(np.float32).reshape(info.shape)
+        if kind == "f16":
+            return raw.view(np.float16).astype(np.float32).reshape(info.shape)
+        if kind == "bf16":
+            return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(
+                info.shape)
+        quantized = QuantizedTensor(kind, raw, (raw.shape[0], info.shape[-1]))
+        if keep_quantized and len(info.shape) == 2:
+            return quantized
+        return quantized.dequantize().reshape(info.shape)
+
+
+class GGUFTensors(Mapping):
+    """GGUF name -> tensor values (read on access), with shapes known without reading."""
+
+    def __init__(self, file: GGUFFile, keep_quantized: bool = True) -> None:
+        self.file, self.keep_quantized = file, keep_quantized
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.file.tensors:
+            raise KeyError(name)
+        return self.file.tensor(name, self.keep_quantized)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.file.tensors[name].shape
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.file.tensors)
+
+    def __len__(self) -> int:
+        return len(self.file.tensors)
 
 
 def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """All key/value metadata of a GGUF file (tokenizer arrays included) as Python values."""
-    path = os.fspath(path)
-    return _read_fields(_open_reader(path), path)
-
-
-def canonical_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor; None for the rope factors; error if unknown."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    if gguf_name == _ROPE_FACTORS:
-        return None
-    match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
-        raise WeightError(f"unexpected GGUF tensor {gguf_name!r}: not part of a supported "
-                          "llama-family decoder")
-    index, part, kind = match.groups()
-    return f"model.layers.{index}.{_LAYER_NAMES[part]}.{kind}"
-
-
-def rope_row_order(num_heads: int, head_dim: int) -> np.ndarray:
-    """Row indices that undo llama.cpp's q/k permutation: hf_rows = gguf_rows[order].
-
-    The converter moves, within each head, row j * head_dim / 2 + i (half j, pair index i) to
-    row 2 * i + j, so that rotated pairs sit next to each other for the interleaved rope."""
-    half = head_dim // 2
-    within = np.arange(head_dim)
-    per_head = (within % half) * 2 + within // half
-    return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
-
-
-def config_from_gguf(fields: Mapping[str, Any], entries: Mapping[str, Any],
-                     path: str = "<gguf>") -> ModelConfig:
-    """Map GGUF metadata (and which tensors exist) onto a ModelConfig."""
-    arch = fields["general.architecture"]
-
-    def key(name: str, default: Any = None, kind: type = int) -> Any:
-        value = fields.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ConfigError(f"{path}: GGUF metadata has no {arch}.{name}")
-        if isinstance(value, list):
-            raise ConfigError(f"{path}: per-layer {arch}.{name} is not supported, got {value}")
-        return kind(value)
-
-    hidden = key("embedding_length")
-    heads = key("attention.head_count")
-    head_dim = key("attention.key_length", hidden // heads)
-    value_dim = key("attention.value_length", head_dim)
-    if value_dim != head_dim:
-        raise ConfigError(f"{path}: value head size {value_dim} differs from key head size "
-                          f"{head_dim}; not supported")
-    rope_dim = key("rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
-        raise ConfigError(f"{path}: partial rotary embeddings ({rope_dim} of {head_dim} "
-                          "dimensions) are not supported")
-    theta = key("rope.freq_base", 10000.0, float)
-    layers = key("block_count")
-    embedding = entries["token_embd.weight"].shape
-    tokens = fields.get("tokenizer.ggml.tokens")
-    vocab = key("vocab_size", len(tokens) if tokens else int(embedding[1]))
-    if vocab != int(embedding[1]):
-        raise ConfigError(f"{path}: vocabulary of {vocab} tokens but token_embd.weight has "
-                          f"{int(embedding[1])} rows")
-    scaling = _rope_scaling(fields, arch, path)
-    if _ROPE_FACTORS in entries:
-        if scaling is not None:
-            raise ConfigError(f"{path}: both rope scaling metadata and {_ROPE_FACTORS}")
-        original = key("rope.scaling.original_context_length", 8192)
-        factors = np.asarray(entries[_ROPE_FACTORS].data, dtype=np.float64).reshape(-1)
-        scaling = llama3_scaling_from_factors(factors, head_dim, theta, original, path)
-    window = key("attention.sliding_window", 0)
-    eos = fields.get("tokenizer.ggml.eos_token_id")
-    extra = [fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
-    eos_ids = tuple(dict.fromkeys(int(i) for i in [eos, *extra] if i is not None))
-    bos = fields.get("tokenizer.ggml.bos_token_id")
-    return ModelConfig(
-        model_type=arch,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=key("feed_forward_length"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=key("attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6, float),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=key("context_length", 2048),
-        tie_word_embeddings="output.weight" not in entries,
-        attention_bias="blk.0.attn_q.bias" in entries,
-        attention_output_bias="blk.0.attn_output.bias" in entries,
-        mlp_bias="blk.0.ffn_up.bias" in entries,
-        qk_norm="blk.0.attn_q_norm.weight" in entries,
-        sliding_windows=(window,) * layers,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=eos_ids,
-    )
-
-
-def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float,
-                                original_context: int, path: str = "<gguf>") -> RopeScaling | None:
-    """Recover llama3 rope scaling from llama.cpp's per-frequency factors (rope_freqs.weight).
-
-    Factors are 1 for high frequencies, `factor` for low ones and smoothly in between; only
-    low_freq_factor / original and high_freq_factor / original are identifiable, so the original
-    context is taken as given and the two factors are fitted, then checked against every factor."""
-    from exactdraft.models.transformer import rope_frequencies
-
-    if factors.shape != (head_dim // 2,):
-        raise ConfigError(f"{path}: {_ROPE_FACTORS} has {factors.size} entries, expected "
-                          f"{head_dim // 2}")
-    if np.all(factors == 1.0):
-        return None
-    factor = float(factors.max())
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    ratio = original_context * inv_freq / (2 * math.pi)
-    medium = (factors > 1.0) & (factors < factor)
-    low, high = 1.0, 4.0
-    if medium.sum() >= 2 and factor > 1.0:
-        smooth = (1.0 / factors[medium] - 1.0 / factor) / (1.0 - 1.0 / factor)
-        slope, intercept = np.polyfit(ratio[medium], smooth, 1)
-        low = round(float(-intercept / slope), 3)
-        high = round(low + float(1.0 / slope), 3)
-    scaling = RopeScaling("llama3", factor=round(factor, 4), low_freq_factor=low,
-                          high_freq_factor=high, original_max_position_embeddings=original_context)
-    probe = SimpleNamespace(head_dim=head_dim, rope_theta=theta, rope_scaling=scaling)
-    if not np.allclose(inv_freq / rope_frequencies(probe), factors, rtol=1e-4, atol=0):
-        raise ConfigError(f"{path}: {_ROPE_FACTORS} does not follow llama3 rope scaling; "
-                          "these per-frequency factors are not supported")
-    return scaling
-
-
-def _rope_scaling(fields: Mapping[str, Any], arch: str, path: str) -> RopeScaling | None:
-    kind = fields.get(f"{arch}.rope.scaling.type")
-    factor = fields.get(f"{arch}.rope.scaling.factor", fields.get(f"{arch}.rope.scale_linear"))
-    if kind is None and factor is not None:
-        kind = "linear"
-    if kind in (None, "none") or (kind == "linear" and float(factor or 1.0) == 1.0):
-        return None
-    if kind != "linear":
-        raise ConfigError(f"{path}: unsupported rope scaling type {kind!r}; supported: linear "
-                          f"(and llama3 factors in {_ROPE_FACTORS})")
-    return RopeScaling("linear", factor=float(factor))
-
-
-def _import_gguf() -> Any:
-    try:
-        import gguf
-    except ImportError:
-        raise ImportError("reading GGUF files needs the gguf package: "
-                          "pip install 'exactdraft[gguf]'") from None
-    return gguf
-
-
-def _open_reader(path: str) -> Any:
-    gguf = _import_gguf()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no GGUF file at {path}")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as error:
-        # The reader indexes the memory map directly, so a short or damaged file surfaces as
-        # whatever numpy or struct error comes first; name the file instead.
-        raise GGUFError(f"{path}: truncated or corrupt GGUF file ({type(error).__name__}: "
-                        f"{error})") from None
-    if reader.byte_order != "I":
-        raise GGUFError(f"{path}: byte-swapped (big-endian) GGUF files are not supported")
-    return reader
-
-
-def _read_fields(reader: Any, path: str) -> dict[str, Any]:
-    fields = {}
-    for name, value in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            fields[name] = value.contents()
-        except Exception as error:
-            raise GGUFError(f"{path}: corrupt GGUF metadata {name!r} ({error})") from None
-    return fields
-
-
-def _check_tensors(path: str, reader: Any) -> dict[str, Any]:
-    size = os.path.getsize(path)
-    entries = {}
-    for entry in reader.tensors:
-        kind = entry.tensor_type.name
-        if kind not in DENSE_TYPES + BLOCK_TYPES:
-            raise WeightError(f"{path}: tensor {entry.name!r} has type {kind}, which is not "
-                              "supported; supported: " + ", ".join(DENSE_TYPES + BLOCK_TYPES))
-        if entry.data_offset + entry.n_bytes > size:
-            raise GGUFError(f"{path}: truncated GGUF file: tensor {entry.name!r} ends at byte "
-                            f"{entry.data_offset + entry.n_bytes} of {size}")
-        try:
-            canonical_name(entry.name)
-        except WeightError as error:
-            raise WeightError(f"{path}: {error}") from None
-        entries[entry.name] = entry
-    if "token_embd.weight" not in entries:
-        raise WeightError(f"{path}: GGUF file has no token_embd.weight")
-    return entries
-
-
-def _convert(entry: Any, order: np.ndarray | None,
-             keep_quantized: bool) -> np.ndarray | QuantizedTensor:
-    kind = entry.tensor_type.name
-    shape = tuple(int(d) for d in reversed(entry.shape.tolist()))
-    data = np.asarray(entry.data)
-    if kind in BLOCK_TYPES:
-        # Permuting whole rows of blocks permutes the rows of the matrix they encode.
-        rows = data.reshape(-1, data.shape[-1])
-        if order is not None:
-            rows = rows[order]
-        quantized = QuantizedTensor(kind.lower(), rows, (rows.shape[0], shape[-1]))
-        if keep_quantized and len(shape) == 2:
-            return quantized
-        return quantized.dequantize().reshape(shape)
-    if kind == "F16":
-        values = data.astype(np.float32)
-    elif kind == "BF16":
-        values = bf16_to_float32(data.view("<u2")).reshape(shape)
-    else:
-        values = data
-    return values[order] if order is not None else values
-
-
-def _file_type_name(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return _import_gguf().LlamaFileType(int(value)).name
-    except ValueError:
-        return str(value)
+    return GGUFFile(path).fields

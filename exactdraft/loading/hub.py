@@ -6,7 +6,7 @@ hub; weights in other formats (*.bin, *.pt) are never downloaded, so they can ne
 
 from __future__ import annotations
 
-from exactdraft.loading.safetensors_file import CheckpointError
+from exactdraft.errors import CheckpointError
 
 ALLOWED_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja"]
 

@@ -17,16 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exactdraft.errors import CheckpointError
+
 _DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
     "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U32": np.dtype("<u4"),
     "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
 _MAX_HEADER = 100 * 1024 * 1024
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file or folder cannot be used; the message names the file and the problem."""
+_MAX_DIMS = 8
 
 
 @dataclass(frozen=True)
@@ -60,18 +59,26 @@ def read_header(path: str) -> dict[str, TensorEntry]:
             header = json.loads(handle.read(header_size))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise CheckpointError(f"{path}: corrupt safetensors header ({error})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (a JSON "
+                              f"{type(header).__name__}, not an object)")
     data_start = 8 + header_size
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{path}: tensor {name!r} has a header entry that is not an "
+                                  "object")
         dtype = info.get("dtype")
         if dtype not in _DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(o) for o in info["data_offsets"])
+        shape = _integers(info.get("shape"), path, name, "shape", None)
+        if len(shape) > _MAX_DIMS:
+            raise CheckpointError(f"{path}: tensor {name!r} has {len(shape)} dimensions")
+        begin, end = _integers(info.get("data_offsets"), path, name, "data_offsets", 2)
         expected = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
-        if end - begin != expected:
+        if begin > end or end - begin != expected:
             raise CheckpointError(
                 f"{path}: tensor {name!r} of shape {shape} needs {expected} bytes, "
                 f"header gives {end - begin}"
@@ -83,6 +90,17 @@ def read_header(path: str) -> dict[str, TensorEntry]:
             )
         entries[name] = TensorEntry(path, dtype, shape, data_start + begin, data_start + end)
     return entries
+
+
+def _integers(value: object, path: str, name: str, field: str,
+              count: int | None) -> tuple[int, ...]:
+    """A header list of non-negative integers (of `count` items when given)."""
+    if not isinstance(value, list) or (count is not None and len(value) != count) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        wanted = f"{count} " if count else ""
+        raise CheckpointError(f"{path}: tensor {name!r} needs {field} as a list of "
+                              f"{wanted}non-negative integers, got {value!r}")
+    return tuple(value)
 
 
 class SafetensorsTensors(Mapping):

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from exactdraft.errors import TokenizerError
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Tokens that close a turn or a document in the families we load; a special token of this name
 # in the vocabulary stops generation together with eos.
@@ -38,10 +40,6 @@ _DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact", "codeshell", "command-
 _LLAMA3_PRE = ("llama3", "llama-bpe", "llama-v3", "smaug-bpe", "dbrx", "falcon3")
 _QWEN2_PRE = ("qwen2", "deepseek-r1-qwen")
 SUPPORTED_GGUF_PRE_TOKENIZERS = _GPT2_PRE + _DIGITS_THEN_GPT2_PRE + _LLAMA3_PRE + _QWEN2_PRE
-
-
-class TokenizerError(ValueError):
-    """A tokenizer cannot be built or used as asked; the message names the value at fault."""
 
 
 class Tokenizer:

@@ -9,9 +9,9 @@ mx = pytest.importorskip("mlx.core", reason="mlx is not installed (Linux: pip in
 
 import exactdraft as xd  # noqa: E402
 from exactdraft.backends.mlx_backend import MLXBackend  # noqa: E402
+from exactdraft.formats import QuantizedTensor, affine_from_blocks  # noqa: E402
 from exactdraft.guard import check_row_invariance, probe_tokens  # noqa: E402
-from exactdraft.loading.checkpoint import build_target, load_folder  # noqa: E402
-from exactdraft.models.weights import QuantizedTensor, affine_from_blocks  # noqa: E402
+from exactdraft.pretrained import build_target, load_checkpoint  # noqa: E402
 
 ROW_COUNTS = list(range(1, 17)) + [31, 64, 100]
 
@@ -96,7 +96,7 @@ def test_gguf_blocks_map_losslessly_onto_the_affine_layout():
 
 @pytest.fixture(scope="module")
 def mlx_targets(tiny_checkpoints):
-    return {variant: build_target(load_folder(folder), "mlx", device="cpu")
+    return {variant: build_target(load_checkpoint(folder), "mlx", device="cpu")
             for variant, folder in tiny_checkpoints.items()}
 
 
@@ -137,7 +137,7 @@ def test_mlx_quantized_checkpoint_matches_mlx_lm(tmp_path, tiny_checkpoints, bit
     out = str(tmp_path / "quantized")
     mlx_lm.convert(tiny_checkpoints["qwen3"], out, quantize=True, q_group_size=group_size,
                    q_bits=bits)
-    checkpoint = load_folder(out)
+    checkpoint = load_checkpoint(out)
     target = build_target(checkpoint, "mlx", device="cpu")
     tokens = probe_tokens(40, target.vocab_size, salt=2)
     ours = target.forward(target.new_state(), tokens, rows="all")

@@ -19,16 +19,16 @@ if shutil.which("c++") is None:
     pytest.skip("the shader emulator needs a C++ compiler (c++)", allow_module_level=True)
 
 import exactdraft as xd  # noqa: E402
-from exactdraft.backends.base import BackendError  # noqa: E402
 from exactdraft.backends.mlx_backend import (  # noqa: E402
     CHECKED_MLX_VERSIONS,
     MLXBackend,
     QuantizedLinear,
 )
+from exactdraft.errors import BackendError  # noqa: E402
+from exactdraft.formats import AffineQuantizedTensor  # noqa: E402
 from exactdraft.guard import check_row_invariance, probe_tokens  # noqa: E402
 from exactdraft.kernels.metal import SOURCE_DIR, MetalShaders, metal_available  # noqa: E402
-from exactdraft.loading.checkpoint import build_target, load_folder  # noqa: E402
-from exactdraft.models.weights import AffineQuantizedTensor  # noqa: E402
+from exactdraft.pretrained import build_target, load_checkpoint  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ["llama", "qwen3"]
@@ -50,7 +50,7 @@ def shaders(emulator_cache) -> MetalShaders:
 
 @pytest.fixture(scope="module")
 def shader_targets(tiny_checkpoints, shaders):
-    return {variant: build_target(load_folder(tiny_checkpoints[variant]),
+    return {variant: build_target(load_checkpoint(tiny_checkpoints[variant]),
                                   MLXBackend(shaders=shaders))
             for variant in VARIANTS}
 
@@ -64,7 +64,7 @@ def mlx_draft_target(tiny_checkpoints, tmp_path_factory):
 
     folder = perturbed_copy(tiny_checkpoints["llama"], str(tmp_path_factory.mktemp("draft")),
                             scale=0.08)
-    return build_target(load_folder(folder), MLXBackend())
+    return build_target(load_checkpoint(folder), MLXBackend())
 
 
 def chunked_rows(target, tokens, chunks) -> np.ndarray:
@@ -99,7 +99,7 @@ def test_verify_rows_equal_single_steps(variant, shader_targets):
 def test_bfloat16_compute_is_exact(tiny_checkpoints, shaders, shader_targets):
     """bfloat16 activations, weights and KV cache: the shaders take float32 activations and
     bfloat16 weights and caches, and the model stays row invariant."""
-    target = build_target(load_folder(tiny_checkpoints["llama"]),
+    target = build_target(load_checkpoint(tiny_checkpoints["llama"]),
                           MLXBackend(dtype="bfloat16", shaders=shaders))
     ours = target.forward(target.new_state(), TOKENS, rows="all")
     full = shader_targets["llama"].forward(shader_targets["llama"].new_state(), TOKENS, "all")
@@ -146,7 +146,7 @@ def test_row_count_dependent_shader_is_caught(tmp_path, tiny_checkpoints, emulat
     assert in_order in body
     (sources / "matmul.metal").write_text(body.replace(in_order, follows_rows))
     broken = MetalShaders("emulator", cache_dir=emulator_cache, source_dir=sources)
-    target = build_target(load_folder(tiny_checkpoints["llama"]), MLXBackend(shaders=broken))
+    target = build_target(load_checkpoint(tiny_checkpoints["llama"]), MLXBackend(shaders=broken))
     assert check_row_invariance(target, 5) is not None
     one_pass = target.forward(target.new_state(), TOKENS[:20], rows="all")
     assert chunked_rows(target, TOKENS[:20], (1,) * 20).tobytes() != one_pass.tobytes()
@@ -158,7 +158,7 @@ def test_mlx_quantized_checkpoint_through_the_shader(tmp_path, tiny_checkpoints,
     mlx_lm = pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
     out = str(tmp_path / "quantized")
     mlx_lm.convert(tiny_checkpoints["qwen3"], out, quantize=True, q_group_size=32, q_bits=4)
-    target = build_target(load_folder(out), MLXBackend(shaders=shaders))
+    target = build_target(load_checkpoint(out), MLXBackend(shaders=shaders))
     assert isinstance(target.layers[0].qkv, QuantizedLinear)
     tokens = probe_tokens(40, target.vocab_size, salt=2)
     ours = target.forward(target.new_state(), tokens, rows="all")

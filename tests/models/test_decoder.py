@@ -1,4 +1,4 @@
-"""The Transformer against Hugging Face's own implementation, and its row invariance."""
+"""DecoderModel against Hugging Face's own implementation, and its row invariance."""
 
 from __future__ import annotations
 
@@ -112,10 +112,10 @@ def test_rollback_then_continue_equals_fresh_run(tiny_targets):
 def test_negative_control_unpadded_model_breaks_invariance(tiny_checkpoints):
     """The same check fails for a model on a backend that uses torch's plain ops, so the
     invariance tests above can fail."""
-    from exactdraft.loading.checkpoint import build_target, load_folder
+    from exactdraft.pretrained import build_target, load_checkpoint
     from tests.inexact import InexactTorchBackend
 
-    target = build_target(load_folder(tiny_checkpoints["llama"]), InexactTorchBackend())
+    target = build_target(load_checkpoint(tiny_checkpoints["llama"]), InexactTorchBackend())
     prefix = probe_tokens(20, target.vocab_size, salt=1)
     window = probe_tokens(8, target.vocab_size, salt=2)
     singles = single_steps(target, prefix, window)

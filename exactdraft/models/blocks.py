@@ -1,0 +1,96 @@
+"""The pieces every decoder family shares, written once against the Backend protocol.
+
+Invariant: these functions never branch on the backend, so they are exactly as row invariant as
+the backend's ops: a row's result depends on that row (and, for attention, the cache up to its
+own position) only. `decoder_layer` is the per-op reference body of a DecoderLayer; a backend's
+fused layer must give its bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from exactdraft.backends.base import Backend, DecoderLayer, LayerShape
+from exactdraft.errors import WeightError
+from exactdraft.models.cache import KVCache
+from exactdraft.models.config import RopeScaling
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """Inverse frequencies [head_dim / 2] in float64, with llama3/linear scaling applied."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    old_context = scaling.original_max_position_embeddings
+    low_wavelen = old_context / scaling.low_freq_factor
+    high_wavelen = old_context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+class RopeTable:
+    """cos and sin [max_context, head_dim / 2] of one set of frequencies, on the backend."""
+
+    def __init__(self, backend: Backend, inv_freq: np.ndarray, max_context: int) -> None:
+        angles = np.arange(max_context, dtype=np.float64)[:, None] * inv_freq
+        self.cos = backend.vector(np.cos(angles).astype(np.float32))
+        self.sin = backend.vector(np.sin(angles).astype(np.float32))
+
+    def rows(self, backend: Backend, positions: np.ndarray) -> tuple[Any, Any]:
+        return backend.embedding(self.cos, positions), backend.embedding(self.sin, positions)
+
+
+def check_shapes(expected: Mapping[str, tuple[int, ...]], shape_of: Any, source: str) -> None:
+    """A WeightError naming the first tensor that is missing or has another shape."""
+    for name, shape in expected.items():
+        try:
+            found = tuple(shape_of(name))
+        except KeyError:
+            raise WeightError(f"{source}: checkpoint is missing tensor {name!r}") from None
+        if found != shape:
+            raise WeightError(f"{source}: tensor {name!r} has shape {found}, expected {shape} "
+                              "from the config")
+
+
+def decoder_layer(be: Backend, layer: DecoderLayer, shape: LayerShape, hidden: Any,
+                  cache: KVCache, index: int, start: int, positions: np.ndarray, cos: Any,
+                  sin: Any) -> Any:
+    """One decoder layer (DecoderLayer's docstring) for hidden rows [M, H] at `positions`."""
+    count = hidden.shape[0]
+    heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    q_size, kv_size = heads * dim, kv_heads * dim
+    x = be.rms_norm(hidden, layer.attention_norm, shape.eps)
+    qkv = be.linear(x, layer.qkv, layer.qkv_bias)
+    q = qkv[:, :q_size].reshape(count, heads, dim)
+    k = qkv[:, q_size:q_size + kv_size].reshape(count, kv_heads, dim)
+    v = qkv[:, q_size + kv_size:].reshape(count, kv_heads, dim)
+    if layer.q_norm is not None:
+        q = be.rms_norm(q, layer.q_norm, shape.eps)
+        k = be.rms_norm(k, layer.k_norm, shape.eps)
+    q = be.rope(q, cos, sin)
+    k = be.rope(k, cos, sin)
+    cache.write(index, start, k, v)
+    attended = be.attention(q, cache.keys[index], cache.values[index], positions, shape.window,
+                            shape.attention_scale)
+    out = be.linear(attended.reshape(count, q_size), layer.output, layer.output_bias)
+    if layer.post_attention_norm is not None:
+        out = be.rms_norm(out, layer.post_attention_norm, shape.eps)
+    hidden = hidden + out
+    x = be.rms_norm(hidden, layer.mlp_norm, shape.eps)
+    gate_up = be.linear(x, layer.gate_up, layer.gate_up_bias)
+    gated = be.silu_mul(gate_up) if shape.activation == "silu" else be.gelu_mul(gate_up)
+    out = be.linear(gated, layer.down, layer.down_bias)
+    if layer.post_mlp_norm is not None:
+        out = be.rms_norm(out, layer.post_mlp_norm, shape.eps)
+    return hidden + out

@@ -1,0 +1,270 @@
+"""DecoderModel: the Target for decoder-only transformer families (llama, gemma3, ...).
+
+Invariant: the model is written once against the Backend protocol and never branches on the
+backend, so it is exactly as row invariant as the backend's ops: a W-row forward gives each
+row the bits of a one-row forward at that position, and a prompt fed in one pass or in chunks
+of any size leaves the same cache and the same last-row logits. A family module supplies the
+config, where its tensors are (TensorNames) and its layer settings; the weights are checked by
+name and shape before anything is built, so a bad checkpoint fails with the tensor named. When
+the backend declares fused layers, each layer's plan is built here, once, at load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exactdraft.backends.base import Backend, DecoderLayer, LayerShape
+from exactdraft.errors import ParameterError
+from exactdraft.formats import stack_rows
+from exactdraft.models.blocks import RopeTable, check_shapes, decoder_layer, rope_frequencies
+from exactdraft.models.cache import KVCache
+from exactdraft.models.config import DecoderConfig
+from exactdraft.models.target import Rows
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Where a family keeps each weight, as Hugging Face names; "{i}" is the layer index and a
+    projection is named without its ".weight" / ".bias" suffix. None: the family has none."""
+
+    embedding: str = "model.embed_tokens.weight"
+    final_norm: str = "model.norm.weight"
+    lm_head: str = "lm_head.weight"
+    attention_norm: str = "model.layers.{i}.input_layernorm.weight"
+    q: str = "model.layers.{i}.self_attn.q_proj"
+    k: str = "model.layers.{i}.self_attn.k_proj"
+    v: str = "model.layers.{i}.self_attn.v_proj"
+    output: str = "model.layers.{i}.self_attn.o_proj"
+    q_norm: str = "model.layers.{i}.self_attn.q_norm.weight"
+    k_norm: str = "model.layers.{i}.self_attn.k_norm.weight"
+    post_attention_norm: str | None = None
+    mlp_norm: str = "model.layers.{i}.post_attention_layernorm.weight"
+    gate: str = "model.layers.{i}.mlp.gate_proj"
+    up: str = "model.layers.{i}.mlp.up_proj"
+    down: str = "model.layers.{i}.mlp.down_proj"
+    post_mlp_norm: str | None = None
+
+    def expected_shapes(self, c: DecoderConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor the config calls for, with its shape."""
+        q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        shapes = {self.embedding: (c.vocab_size, c.hidden_size), self.final_norm: (c.hidden_size,)}
+        if not c.tie_word_embeddings:
+            shapes[self.lm_head] = (c.vocab_size, c.hidden_size)
+        for i in range(c.num_layers):
+            def name(template: str, suffix: str = "", i: int = i) -> str:
+                return template.format(i=i) + suffix
+
+            shapes[name(self.attention_norm)] = (c.hidden_size,)
+            shapes[name(self.mlp_norm)] = (c.hidden_size,)
+            if c.sandwich_norms:
+                shapes[name(self.post_attention_norm)] = (c.hidden_size,)
+                shapes[name(self.post_mlp_norm)] = (c.hidden_size,)
+            for template, out in ((self.q, q_out), (self.k, kv_out), (self.v, kv_out)):
+                shapes[name(template, ".weight")] = (out, c.hidden_size)
+                if c.attention_bias:
+                    shapes[name(template, ".bias")] = (out,)
+            shapes[name(self.output, ".weight")] = (c.hidden_size, q_out)
+            if c.attention_output_bias:
+                shapes[name(self.output, ".bias")] = (c.hidden_size,)
+            if c.qk_norm:
+                shapes[name(self.q_norm)] = (c.head_dim,)
+                shapes[name(self.k_norm)] = (c.head_dim,)
+            for template, shape in ((self.gate, (c.intermediate_size, c.hidden_size)),
+                                    (self.up, (c.intermediate_size, c.hidden_size)),
+                                    (self.down, (c.hidden_size, c.intermediate_size))):
+                shapes[name(template, ".weight")] = shape
+                if c.mlp_bias:
+                    shapes[name(template, ".bias")] = shape[:1]
+        return shapes
+
+
+def tensor_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    """The logical shape of a tensor, without reading its data when the source can tell."""
+    shape_of = getattr(tensors, "shape", None)
+    if callable(shape_of):
+        return tuple(shape_of(name))
+    value = tensors[name]
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
+
+
+def embedding_rows(table: Any, ids: np.ndarray) -> np.ndarray:
+    """float32 rows [len(ids), H] of an embedding table, dequantizing only those rows."""
+    take = getattr(table, "take_rows", None)
+    if take is not None:
+        return take(ids)
+    return np.ascontiguousarray(np.asarray(table)[ids], dtype=np.float32)
+
+
+class DecoderState:
+    """One sequence's KV cache; `length` is the number of positions already in it."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+
+class DecoderModel:
+    """A decoder-only transformer on any Backend; implements the Target protocol."""
+
+    def __init__(self, config: DecoderConfig, tensors: Mapping[str, Any], backend: Backend,
+                 max_context: int | None = None, names: TensorNames = TensorNames()) -> None:
+        if max_context is not None and (isinstance(max_context, bool) or
+                                        not isinstance(max_context, int) or max_context < 1):
+            raise ParameterError(f"max_context must be an integer >= 1, got {max_context!r}")
+        self.config = c = config
+        self.backend = backend
+        self.names = names
+        self.vocab_size = c.vocab_size
+        self.max_context = min(max_context or c.max_position_embeddings,
+                               c.max_position_embeddings)
+        self.key_block = backend.key_block
+        self.eos_token_ids = c.eos_token_ids
+        self.arithmetic = backend.arithmetic
+        self._expected = names.expected_shapes(c)
+        check_shapes(self._expected, lambda name: tensor_shape(tensors, name), c.source)
+        self._tensors = tensors
+        self._digest: str | None = None
+        self.embedding = tensors[names.embedding]  # on the host: rows are taken per pass
+        head = names.embedding if c.tie_word_embeddings else names.lm_head
+        self.lm_head = backend.matrix(tensors[head])
+        self.final_norm = backend.vector(tensors[names.final_norm])
+        self.embedding_scale = None if c.embedding_scale is None else \
+            backend.vector(np.array([c.embedding_scale], dtype=np.float32))
+        global_freq = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
+        self.rope_tables = [RopeTable(backend, global_freq, self.max_context)]
+        if c.local_rope_theta is not None:
+            local_freq = rope_frequencies(c.head_dim, c.local_rope_theta, None)
+            self.rope_tables.append(RopeTable(backend, local_freq, self.max_context))
+        # Layer i reads rope table layer_rope[i]: the local one for sliding layers, if any.
+        self.layer_rope = [1 if c.local_rope_theta is not None and window else 0
+                           for window in c.sliding_windows]
+        self.shapes = [LayerShape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                                  c.intermediate_size, window, c.rms_norm_eps, c.scale,
+                                  c.activation) for window in c.sliding_windows]
+        self.layers = [self._layer(tensors, i) for i in range(c.num_layers)]
+        self.plans = None
+        if backend.fused_layers:
+            self.plans = [backend.plan_layer(layer, shape)
+                          for layer, shape in zip(self.layers, self.shapes)]
+
+    def __repr__(self) -> str:
+        return (f"DecoderModel({self.config.model_type}, {self.config.num_layers} layers, "
+                f"backend={self.backend!r})")
+
+    def _layer(self, tensors: Mapping[str, Any], index: int) -> DecoderLayer:
+        be, c, n = self.backend, self.config, self.names
+
+        def name(template: str | None, suffix: str = "") -> str | None:
+            return None if template is None else template.format(i=index) + suffix
+
+        def vector(template: str | None) -> Any | None:
+            full = name(template)
+            return be.vector(tensors[full]) if full in self._expected else None
+
+        def matrix(templates: Sequence[str]) -> Any:
+            return be.matrix(stack_rows([tensors[name(t, ".weight")] for t in templates]))
+
+        def bias(templates: Sequence[str]) -> Any | None:
+            names = [name(t, ".bias") for t in templates]
+            if not all(full in self._expected for full in names):
+                return None
+            return be.vector(np.concatenate([np.asarray(tensors[full], dtype=np.float32)
+                                             for full in names]))
+
+        qkv, gate_up = (n.q, n.k, n.v), (n.gate, n.up)
+        return DecoderLayer(
+            attention_norm=vector(n.attention_norm),
+            qkv=matrix(qkv), qkv_bias=bias(qkv),
+            output=matrix((n.output,)), output_bias=bias((n.output,)),
+            q_norm=vector(n.q_norm), k_norm=vector(n.k_norm),
+            post_attention_norm=vector(n.post_attention_norm) if c.sandwich_norms else None,
+            mlp_norm=vector(n.mlp_norm),
+            gate_up=matrix(gate_up), gate_up_bias=bias(gate_up),
+            down=matrix((n.down,)), down_bias=bias((n.down,)),
+            post_mlp_norm=vector(n.post_mlp_norm) if c.sandwich_norms else None,
+        )
+
+    # -- Target protocol -------------------------------------------------------------------
+
+    def new_state(self) -> DecoderState:
+        c = self.config
+        return DecoderState(KVCache(self.backend, c.num_layers, c.num_kv_heads, c.head_dim,
+                                    self.max_context))
+
+    def truncate(self, state: DecoderState, length: int) -> None:
+        state.cache.truncate(length)
+
+    def check_tokens(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Token ids as int64, or a ParameterError naming the first bad id or the overrun."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ParameterError("forward needs at least one token")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        if bad.size:
+            raise ParameterError(
+                f"token id {int(ids[bad[0]])} at index {int(bad[0])} is outside the "
+                f"vocabulary [0, {self.vocab_size})"
+            )
+        if start + ids.size > self.max_context:
+            raise ParameterError(
+                f"{start + ids.size} positions exceed the model's context of {self.max_context}"
+            )
+        return ids
+
+    def forward(self, state: DecoderState, tokens: Sequence[int],
+                rows: Rows = "last") -> np.ndarray:
+        if rows not in ("last", "all"):
+            raise ParameterError(f"rows must be 'last' or 'all', got {rows!r}")
+        be, c, cache = self.backend, self.config, state.cache
+        start = cache.length
+        ids = self.check_tokens(tokens, start)
+        count = ids.size
+        positions = np.arange(start, start + count, dtype=np.int64)
+        cache.reserve_for(count)
+        tables = [table.rows(be, positions) for table in self.rope_tables]
+        hidden = be.vector(embedding_rows(self.embedding, ids))
+        if self.embedding_scale is not None:
+            hidden = hidden * self.embedding_scale
+        for index, layer in enumerate(self.layers):
+            cos, sin = tables[self.layer_rope[index]]
+            if self.plans is not None:
+                hidden = be.run_layer(self.plans[index], hidden, cache.keys[index],
+                                      cache.values[index], start, cos, sin)
+            else:
+                hidden = decoder_layer(be, layer, self.shapes[index], hidden, cache, index,
+                                       start, positions, cos, sin)
+        cache.length = start + count
+        if rows == "last":
+            hidden = hidden[count - 1:count]
+        hidden = be.rms_norm(hidden, self.final_norm, c.rms_norm_eps)
+        return be.to_host(be.linear(hidden, self.lm_head))
+
+    def weights_digest(self) -> str:
+        if self._digest is None:
+            digest = hashlib.sha256()
+            for name in sorted(self._expected):
+                digest.update(name.encode() + b"\0")
+                hash_tensor(digest, self._tensors[name])
+            self._digest = digest.hexdigest()
+        return self._digest
+
+
+def hash_tensor(digest: Any, value: Any) -> None:
+    """Feed a tensor's stored contents (blocks as stored, arrays as float32) with its format
+    and shape to a hashlib digest."""
+    parts = getattr(value, "digest_parts", None)
+    if parts is not None:
+        for part in parts():
+            digest.update(part)
+        return
+    array = np.ascontiguousarray(np.asarray(value, dtype=np.float32))
+    digest.update(repr(("f32", array.shape)).encode())
+    digest.update(memoryview(array).cast("B"))

@@ -50,12 +50,12 @@ HEADERS = [
 ]
 UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
               "-fvisibility=hidden", "-pthread", "-Wall"]
-# The sampler must round every operation as Python does: no contraction into fused
-# multiply-adds and no -ffast-math (its sources refuse to compile under the latter); it calls the
-# C library's exp and log, the functions Python's math module calls.
+# The sampler must round every operation as its Python twin does: no contraction into fused
+# multiply-adds and no -ffast-math (its sources refuse to compile under the latter); its exp and
+# log are exactdraft's own (csrc/sampler/float64_math.h), not the C library's.
 SAMPLER_SOURCES = ["csrc/sampler/sampler.c", "csrc/sampler/draw.c", "csrc/sampler/order.c",
                    "csrc/sampler/top_p.c"]
-SAMPLER_HEADERS = ["csrc/sampler/draw.h"]
+SAMPLER_HEADERS = ["csrc/sampler/draw.h", "csrc/sampler/float64_math.h"]
 SAMPLER_UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden",
                       "-Wall"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft import sampling_native
+from exactdraft import float64_math, sampling_native
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _POSITION_MULTIPLIER = 0xD1B54A32D192ED03
@@ -32,7 +32,6 @@ _MASK = (1 << 64) - 1
 # candidate more than this far below the best score cannot win, and its weight exp(-45) is
 # below half an ulp of the top-p running sum (which starts at 1), so it cannot move that sum.
 _IRRELEVANT_BELOW = 45.0
-_NEAR = 1e-9
 
 
 def _mix(z: int) -> int:
@@ -66,9 +65,9 @@ def keyed_uniform(seed: int, pos: int, tokens: Any) -> np.ndarray:
 
 
 def gumbel_noise(seed: int, pos: int, token: int) -> float:
-    """g(seed, pos, tok) of SAMPLER.md, computed with Python's math module (the reference)."""
+    """g(seed, pos, tok) of SAMPLER.md, for one token."""
     u = ((noise_key(seed, pos, token) >> 11) + 0.5) * 2.0**-53
-    return -math.log(-math.log(u))
+    return float(-float64_math.log(-float64_math.log(u)))
 
 
 def fresh_seed() -> int:
@@ -249,23 +248,16 @@ def _candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.n
         keep = _top_p_count(s, params.top_p)
         order, s = order[:keep], s[:keep]
     if params.min_p > 0:
-        keep = int(np.count_nonzero(s >= s[0] + math.log(params.min_p)))
+        keep = int(np.count_nonzero(s >= s[0] + float(float64_math.log(params.min_p))))
         order, s = order[:keep], s[:keep]
     return order, s
 
 
 def _top_p_count(s: np.ndarray, top_p: float) -> int:
-    """n + 1 where n is the first index with cumsum(exp(s - s[0]))[n] >= top_p * total."""
-    cumulative = np.cumsum(np.exp(s - s[0]))
-    threshold = top_p * cumulative[-1]
-    n = int(np.searchsorted(cumulative >= threshold, True))
-    near_above = cumulative[n] - threshold <= _NEAR * threshold
-    near_below = n > 0 and threshold - cumulative[n - 1] <= _NEAR * threshold
-    if near_above or near_below:
-        exact = np.cumsum([math.exp(v) for v in (s - s[0]).tolist()])
-        threshold = top_p * exact[-1]
-        n = int(np.argmax(exact >= threshold))
-    return n + 1
+    """n + 1 where n is the first index with cumsum(exp(s - s[0]))[n] >= top_p * total; the
+    sums are sequential float64 additions (np.cumsum), as the definition adds them."""
+    cumulative = np.cumsum(float64_math.exp(s - s[0]))
+    return int(np.argmax(cumulative >= top_p * cumulative[-1])) + 1
 
 
 def _gumbel_winner(order: np.ndarray, s: np.ndarray, seed: int, pos: int) -> int:
@@ -275,10 +267,5 @@ def _gumbel_winner(order: np.ndarray, s: np.ndarray, seed: int, pos: int) -> int
         token = int(order[int(np.argmax(u))])
         raise ValueError(f"the keyed uniform of token {token} rounds to 1.0, where "
                          "-log(-log(u)) is undefined")
-    scores = s - np.log(-np.log(u))
-    best = scores.max()
-    contenders = np.flatnonzero(scores >= best - _NEAR * max(1.0, abs(best)))
-    if contenders.size == 1:
-        return int(order[contenders[0]])
-    exact = [float(s[i]) + gumbel_noise(seed, pos, int(order[i])) for i in contenders]
-    return int(order[contenders[exact.index(max(exact))]])
+    scores = s + -float64_math.log(-float64_math.log(u))
+    return int(order[int(np.argmax(scores))])

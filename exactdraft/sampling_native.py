@@ -2,9 +2,9 @@
 
 Invariant: `draw(x, params, pos)` returns the token SAMPLER.md defines for the processed float64
 row x, the same token the numpy path in exactdraft.sampling returns, and raises ValueError where
-that path raises. The extension calls the C library's exp and log, the functions Python's math
-module calls, so it decides every top-p cut and every near-tie exactly with no fallback (the
-argument is in csrc/sampler/sampler.c).
+that path raises. The extension computes with the C twins of exactdraft's own exp and log
+(csrc/sampler/float64_math.h), so it decides every top-p cut and every near-tie exactly with no
+fallback (the argument is in csrc/sampler/draw.c).
 """
 
 from __future__ import annotations

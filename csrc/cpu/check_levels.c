@@ -1,126 +1,339 @@
-/* A standalone cross-check of one SIMD level against the scalar level, for levels this machine
- * cannot run natively (tests/kernels/test_cpu_neon.py builds it for arm64 with the level's
- * object files and runs it under an emulator). It is not part of the Python extension.
+/* A standalone check that every SIMD level built into it gives the scalar level's bits, for
+ * every kernel and for whole decoder layers. It is not part of the Python extension: tests build
+ * it with the level objects and run it natively, under qemu (arm64 NEON), or with the x86
+ * levels built on SIMDe (EXACTDRAFT_EMULATE_X86) where the CPU lacks their instructions.
  *
- * Invariant checked: the integer-dot path (activation quantization and the dot layout's
- * matmul) gives the same bits on the level as on the scalar level; vf_sum_lanes gives lane k
- * the bits of vf_sum(d[k]); attention agrees with the scalar level to float rounding.
- * Prints one line per check and exits with 0 only if all pass.
+ * Invariant checked: the canonical arithmetic (vec_scalar.h): for the same inputs, each level's
+ * matmul (every format and layout), attention, rms_norm, rope, gated activations, activation
+ * quantization, integer-dot matmul and fused decoder layer produce the same bytes as the scalar
+ * level's. Prints one line per check and exits with 0 only if all pass.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "decoder_layer.h"
+#include "dispatch.h"
 #include "kernels.h"
 
-#if defined(__aarch64__)
-#include "vec_neon.h"
-#define CHECKED kernels_neon
-#else
-#error "check_levels.c has no level to check on this architecture"
-#endif
+static unsigned long long state = 0x9E3779B97F4A7C15ull;
 
-static float random_float(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
-
-static int check_sum_lanes(void)
+static unsigned next_random(void)
 {
-    int same = 1;
-    for (int trial = 0; trial < 1000; trial++) {
-        vf parts[VW];
-        float values[VW];
-        for (int k = 0; k < VW; k++) {
-            for (int i = 0; i < VW; i++) values[i] = random_float() * powf(10.0f, (float)(i % 5));
-            parts[k] = vf_load(values);
-        }
-        float lanes[VW];
-        vf_store(lanes, vf_sum_lanes(parts));
-        for (int k = 0; k < VW; k++) {
-            float one = vf_sum(parts[k]);
-            same &= !memcmp(&one, &lanes[k], sizeof one);
-        }
-    }
-    printf("vf_sum_lanes equals vf_sum: %s\n", same ? "yes" : "NO");
-    return same;
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned)(state >> 33);
 }
 
-static int check_attention(void)
+/* A float in [-1, 1) times 2^(scale exponent), including exact zeros and tiny values. */
+static float random_float(int spread)
 {
-    enum { ROWS = 5, HEADS = 6, KV_HEADS = 2, DIM = 40, CAPACITY = 300 };
-    static float q[ROWS * HEADS * DIM], keys[KV_HEADS * CAPACITY * DIM],
-        values[KV_HEADS * CAPACITY * DIM], out[2][ROWS * HEADS * DIM];
-    for (int i = 0; i < ROWS * HEADS * DIM; i++) q[i] = random_float();
-    for (int i = 0; i < KV_HEADS * CAPACITY * DIM; i++) {
-        keys[i] = random_float();
-        values[i] = random_float();
-    }
-    const int64_t positions[ROWS] = {0, 17, 64, 150, 299};
-    struct attention_problem p = {q, keys, values, positions, out[0], ROWS, HEADS, KV_HEADS,
-                                  CAPACITY, DIM, 0, 0.158f};
-    CHECKED.attention_groups(&p, 0, ROWS * KV_HEADS);
-    p.out = out[1];
-    kernels_scalar.attention_groups(&p, 0, ROWS * KV_HEADS);
-    double worst = 0;
-    for (int i = 0; i < ROWS * HEADS * DIM; i++) worst = fmax(worst, fabs(out[0][i] - out[1][i]));
-    printf("attention against the scalar level: max |difference| %g\n", worst);
-    return worst < 1e-5;
+    float value = (float)(next_random() % 2000001) / 1000000.0f - 1.0f;
+    if (spread) value = ldexpf(value, (int)(next_random() % 21) - 10);
+    return value;
 }
 
-/* Quantize the same rows and multiply the same dot-layout weights on both levels. */
-static int check_dot(int format, int rows, int columns, int depth)
+static float *random_floats(size_t count, int spread)
 {
-    const struct kernel_table *levels[2] = {&CHECKED, &kernels_scalar};
-    const int blocks = depth / QUANT_BLOCK, groups = (columns + DOT_GROUP - 1) / DOT_GROUP;
-    const size_t block_bytes = format == FORMAT_Q4_1 ? 20 : format == FORMAT_Q4_0 ? 18 : 34;
-    const size_t record_bytes = DOT_GROUP * block_bytes;
-    uint8_t *weight = malloc((size_t)groups * blocks * record_bytes);
-    for (size_t i = 0; i < (size_t)groups * blocks * record_bytes; i++) weight[i] = (uint8_t)rand();
-    const int halves = format == FORMAT_Q4_1 ? 2 * DOT_GROUP : DOT_GROUP; /* d (and m) */
-    for (int record = 0; record < groups * blocks; record++)
+    float *out = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) out[i] = random_float(spread);
+    return out;
+}
+
+static uint16_t random_half(void)
+{
+    /* Exponents 2^-6 .. 2^-2 of either sign, any mantissa. */
+    return (uint16_t)((0x2400 + next_random() % 0x1400) | (next_random() & 1 ? 0x8000 : 0));
+}
+
+/* `count` rows of K weights in a format, in the rows or grouped layout (both are runs of whole
+ * blocks with the header first, so random codes and random half scales make valid weights). */
+static uint8_t *random_weights(int format, size_t count, ptrdiff_t depth)
+{
+    const struct format_row *row = &FORMAT_ROWS[format];
+    const size_t blocks = count * (size_t)(depth / row->block_size);
+    uint8_t *out = malloc(blocks * (size_t)row->block_bytes);
+    for (size_t b = 0; b < blocks; b++) {
+        uint8_t *block = out + b * (size_t)row->block_bytes;
+        if (format == FORMAT_F32) {
+            float value = random_float(0);
+            memcpy(block, &value, 4);
+        } else if (format == FORMAT_BF16) {
+            float value = random_float(0);
+            uint32_t bits;
+            memcpy(&bits, &value, 4);
+            uint16_t top = (uint16_t)(bits >> 16);
+            memcpy(block, &top, 2);
+        } else {
+            for (int i = 0; i < row->block_bytes; i++) block[i] = (uint8_t)next_random();
+            const int halves = format == FORMAT_Q4_1 ? 2 : 1;
+            for (int h = 0; h < halves; h++) {
+                uint16_t half = random_half();
+                memcpy(block + 2 * h, &half, 2);
+            }
+        }
+    }
+    return out;
+}
+
+/* Dot-layout records for `columns` rows: per group of 16 rows and block, the 16 scales d (and
+ * for q4_1 the 16 minimums m) then random codes. */
+static uint8_t *random_dot_weights(int format, ptrdiff_t columns, ptrdiff_t depth)
+{
+    const ptrdiff_t blocks = depth / QUANT_BLOCK, groups = (columns + DOT_GROUP - 1) / DOT_GROUP;
+    const size_t record_bytes = DOT_GROUP * BYTES_PER_32(format);
+    uint8_t *weight = malloc((size_t)(groups * blocks) * record_bytes);
+    for (size_t i = 0; i < (size_t)(groups * blocks) * record_bytes; i++)
+        weight[i] = (uint8_t)next_random();
+    const int halves = format == FORMAT_Q4_1 ? 2 * DOT_GROUP : DOT_GROUP;
+    for (ptrdiff_t record = 0; record < groups * blocks; record++)
         for (int h = 0; h < halves; h++) {
-            uint16_t half = (uint16_t)(0x2000 + rand() % 0x1000) | (rand() & 1 ? 0x8000 : 0);
-            memcpy(weight + record * record_bytes + 2 * h, &half, sizeof half);
+            uint16_t half = random_half();
+            memcpy(weight + (size_t)record * record_bytes + 2 * h, &half, sizeof half);
         }
-    float *x = malloc(sizeof(float) * rows * depth);
-    for (int i = 0; i < rows * depth; i++) x[i] = random_float() * (i % 7 ? 1.0f : 100.0f);
+    return weight;
+}
+
+/* The level whose integer-dot kernels serve `level` (avx512 borrows avx2's, as dispatch.c). */
+static const struct kernel_table *dot_of(const struct kernel_table *level)
+{
+#if defined(HAVE_X86_LEVELS)
+    if (!level->dot_matmul_columns) return &kernels_avx2;
+#endif
+    return level;
+}
+
+static int failures = 0;
+
+static void report(const char *what, const struct kernel_table *level, int same)
+{
+    printf("%-11s %-54s %s\n", level->name, what, same ? "same bits" : "DIFFERENT");
+    failures += !same;
+}
+
+static int same_floats(const float *a, const float *b, size_t count)
+{
+    return !memcmp(a, b, count * sizeof(float));
+}
+
+static void check_matmul(const struct kernel_table *level, int format, int layout,
+                         ptrdiff_t rows, ptrdiff_t depth, ptrdiff_t columns)
+{
+    const struct format_row *row = &FORMAT_ROWS[format];
+    uint8_t *weight = random_weights(format, (size_t)columns, depth);
+    float *x = random_floats((size_t)(rows * depth), 1), *bias = random_floats(columns, 0);
+    float *out[2];
+    const struct kernel_table *levels[2] = {level, &kernels_scalar};
+    for (int l = 0; l < 2; l++) {
+        out[l] = malloc(sizeof(float) * (size_t)(rows * columns));
+        struct matmul_problem p = {
+            .x = x, .weight = weight, .bias = bias, .out = out[l], .rows = rows, .depth = depth,
+            .columns = columns, .format = format, .layout = layout,
+            .row_bytes = (size_t)(depth / row->block_size) * (size_t)row->block_bytes};
+        ptrdiff_t tile = levels[l]->column_tile;
+        for (ptrdiff_t n = 0; n < columns; n += 4 * tile) {
+            ptrdiff_t end = n + 4 * tile < columns ? n + 4 * tile : columns;
+            levels[l]->matmul_columns(&p, n, end);
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %s %zd x %zd x %zd", row->name,
+             layout == LAYOUT_GROUPED ? "grouped" : "rows", rows, depth, columns);
+    report(what, level, same_floats(out[0], out[1], (size_t)(rows * columns)));
+    free(weight), free(x), free(bias), free(out[0]), free(out[1]);
+}
+
+static void check_dot(const struct kernel_table *level, int format, ptrdiff_t rows,
+                      ptrdiff_t columns, ptrdiff_t depth)
+{
+    const struct kernel_table *levels[2] = {level, &kernels_scalar};
+    const ptrdiff_t blocks = depth / QUANT_BLOCK;
+    uint8_t *weight = random_dot_weights(format, columns, depth);
+    float *x = random_floats((size_t)(rows * depth), 1);
     memset(x, 0, QUANT_BLOCK * sizeof(float)); /* a zero block */
-    int8_t *quantized[2];
+    const size_t per_block = (size_t)(rows * blocks);
+    int8_t *values[2];
     float *out[2];
     for (int l = 0; l < 2; l++) {
-        const size_t per_block = (size_t)rows * blocks;
-        quantized[l] = malloc((size_t)rows * depth);
+        const struct kernel_table *dot = dot_of(levels[l]);
+        values[l] = malloc((size_t)(rows * depth));
         float *scales = malloc(sizeof(float) * per_block * 2);
         int32_t *sums = malloc(sizeof(int32_t) * per_block * 2);
-        struct quantized_rows q = {quantized[l], scales, scales + per_block, sums,
-                                   sums + per_block};
+        struct quantized_rows q = {values[l], scales, scales + per_block, sums, sums + per_block};
         struct quantize_problem quantize = {x, &q, rows, depth};
-        levels[l]->quantize_rows(&quantize, 0, rows);
-        const int offset = format == FORMAT_Q4_0   ? 8
-                           : format == FORMAT_Q8_0 ? levels[l]->q8_code_bias
-                                                   : 0;
+        dot->quantize_rows(&quantize, 0, rows);
+        const int offset = format == FORMAT_Q4_0 ? 8 : format == FORMAT_Q8_0 ? dot->q8_code_bias
+                                                                             : 0;
         for (size_t i = 0; i < per_block; i++) q.starts[i] = -offset * q.sums[i];
-        out[l] = malloc(sizeof(float) * rows * columns);
+        out[l] = malloc(sizeof(float) * (size_t)(rows * columns));
         struct matmul_problem p = {.x = x, .weight = weight, .out = out[l], .rows = rows,
                                    .depth = depth, .columns = columns, .format = format,
                                    .layout = LAYOUT_DOT, .quantized = &q};
-        levels[l]->dot_matmul_columns(&p, 0, columns);
+        dot->dot_matmul_columns(&p, 0, columns);
+        free(scales), free(sums);
     }
-    const int same = !memcmp(quantized[0], quantized[1], (size_t)rows * depth) &&
-                     !memcmp(out[0], out[1], sizeof(float) * rows * columns);
-    printf("dot format %d, %d x %d x %d: %s\n", format, rows, columns, depth,
-           same ? "same bits" : "DIFFERENT");
-    return same;
+    char what[96];
+    snprintf(what, sizeof what, "dot %s %zd x %zd x %zd", FORMAT_ROWS[format].name, rows, depth,
+             columns);
+    report(what, level, !memcmp(values[0], values[1], (size_t)(rows * depth)) &&
+                            same_floats(out[0], out[1], (size_t)(rows * columns)));
+    free(weight), free(x), free(values[0]), free(values[1]), free(out[0]), free(out[1]);
+}
+
+static void check_attention(const struct kernel_table *level, ptrdiff_t head_dim,
+                            ptrdiff_t window)
+{
+    enum { ROWS = 5, HEADS = 6, KV_HEADS = 2, CAPACITY = 320 };
+    const int64_t positions[ROWS] = {0, 17, 64, 150, 319};
+    const size_t q_count = ROWS * HEADS * (size_t)head_dim;
+    const size_t kv_count = KV_HEADS * CAPACITY * (size_t)head_dim;
+    float *q = random_floats(q_count, 0), *keys = random_floats(kv_count, 0);
+    float *values = random_floats(kv_count, 0), *out[2];
+    const struct kernel_table *levels[2] = {level, &kernels_scalar};
+    for (int l = 0; l < 2; l++) {
+        out[l] = malloc(q_count * sizeof(float));
+        struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
+                                      CAPACITY, head_dim, window, 0.125f};
+        levels[l]->attention_groups(&p, 0, ROWS * KV_HEADS);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "attention head_dim %zd window %zd", head_dim, window);
+    report(what, level, same_floats(out[0], out[1], q_count));
+    free(q), free(keys), free(values), free(out[0]), free(out[1]);
+}
+
+static void check_rows(const struct kernel_table *level, ptrdiff_t width)
+{
+    enum { ROWS = 3, HEADS = 2 };
+    const struct kernel_table *levels[2] = {level, &kernels_scalar};
+    const char *names[4] = {"rms_norm", "rope", "silu_mul", "gelu_mul"};
+    for (int op = 0; op < 4; op++) {
+        /* rms_norm [M, width]; rope [M, HEADS, 2 width]; gated [M, 2 width] -> [M, width] */
+        const size_t in_count = (size_t)(ROWS * width) * (op == 1 ? 2 * HEADS : op >= 2 ? 2 : 1);
+        float *x = random_floats(in_count, 1);
+        for (size_t i = 0; i < in_count; i += 7) x[i] *= 40.0f; /* the activations' tails */
+        float *weight = random_floats((size_t)(ROWS * width), 0);
+        float *weight2 = random_floats((size_t)(ROWS * width), 0), *out[2];
+        for (int l = 0; l < 2; l++) {
+            out[l] = malloc(in_count * sizeof(float));
+            struct rows_problem p = {x, weight, weight2, out[l], ROWS, width, HEADS, 1e-6f};
+            if (op == 0) levels[l]->rms_norm_rows(&p, 0, ROWS);
+            else if (op == 1) {
+                p.width = 2 * width; /* head_dim: cos and sin have width entries per row */
+                levels[l]->rope_rows(&p, 0, ROWS);
+            } else if (op == 2) levels[l]->silu_mul_rows(&p, 0, ROWS);
+            else levels[l]->gelu_mul_rows(&p, 0, ROWS);
+        }
+        const size_t out_count = op >= 2 ? (size_t)(ROWS * width) : in_count;
+        char what[96];
+        snprintf(what, sizeof what, "%s width %zd", names[op], width);
+        report(what, level, same_floats(out[0], out[1], out_count));
+        free(x), free(weight), free(weight2), free(out[0]), free(out[1]);
+    }
+}
+
+/* Two fused decoder layers in a row over a prompt and a verify window, with the dispatcher's
+ * threads, compared with the scalar level's. */
+static void check_layers(const struct kernel_table *level, int format, int layout, int qk_norm,
+                         int sandwich, int activation)
+{
+    enum { HIDDEN = 64, HEADS = 4, KV_HEADS = 2, DIM = 16, INNER = 96, CAPACITY = 128 };
+    const int rows_per_pass[2] = {37, 5};
+    struct layer_weight weights[4];
+    const ptrdiff_t shapes[4][2] = {{HEADS * DIM + 2 * KV_HEADS * DIM, HIDDEN},
+                                    {HIDDEN, HEADS * DIM}, {2 * INNER, HIDDEN}, {HIDDEN, INNER}};
+    void *owned[32];
+    int owned_count = 0;
+    for (int w = 0; w < 4; w++) {
+        const struct format_row *row = &FORMAT_ROWS[format];
+        uint8_t *data = layout == LAYOUT_DOT ? random_dot_weights(format, shapes[w][0], shapes[w][1])
+                                             : random_weights(format, (size_t)shapes[w][0],
+                                                              shapes[w][1]);
+        owned[owned_count++] = data;
+        weights[w] = (struct layer_weight){
+            .data = data, .bias = NULL, .columns = shapes[w][0], .depth = shapes[w][1],
+            .row_bytes = (size_t)(shapes[w][1] / row->block_size) * (size_t)row->block_bytes,
+            .format = format, .layout = layout};
+    }
+    float *norms[6];
+    for (int i = 0; i < 6; i++) {
+        norms[i] = random_floats(HIDDEN, 0);
+        for (int j = 0; j < HIDDEN; j++) norms[i][j] += 1.5f;
+        owned[owned_count++] = norms[i];
+    }
+    struct layer_plan plan = {
+        .hidden_size = HIDDEN, .heads = HEADS, .kv_heads = KV_HEADS, .head_dim = DIM,
+        .intermediate = INNER, .window = 24, .eps = 1e-6f, .scale = 0.25f,
+        .activation = activation, .attention_norm = norms[0], .mlp_norm = norms[1],
+        .q_norm = qk_norm ? norms[2] : NULL, .k_norm = qk_norm ? norms[3] : NULL,
+        .post_attention_norm = sandwich ? norms[4] : NULL,
+        .post_mlp_norm = sandwich ? norms[5] : NULL,
+        .qkv = weights[0], .output = weights[1], .gate_up = weights[2], .down = weights[3]};
+    const int total = rows_per_pass[0] + rows_per_pass[1];
+    float *hidden = random_floats((size_t)total * HIDDEN, 0);
+    float *cos = random_floats((size_t)total * DIM / 2, 0), *sin = random_floats(
+        (size_t)total * DIM / 2, 0);
+    float *out[2];
+    const char *names[2] = {level->name, "scalar"};
+    for (int l = 0; l < 2; l++) {
+        select_level(names[l]);
+        float *keys = calloc(KV_HEADS * CAPACITY * DIM, sizeof(float));
+        float *values = calloc(KV_HEADS * CAPACITY * DIM, sizeof(float));
+        out[l] = malloc(sizeof(float) * (size_t)total * HIDDEN);
+        float *step = malloc(sizeof(float) * (size_t)total * HIDDEN);
+        for (int pass = 0, start = 0; pass < 2; start += rows_per_pass[pass++]) {
+            const int rows = rows_per_pass[pass];
+            run_decoder_layer(&plan, hidden + start * HIDDEN, step, rows, keys, values,
+                              CAPACITY, start, cos + start * DIM / 2, sin + start * DIM / 2);
+            run_decoder_layer(&plan, step, out[l] + start * HIDDEN, rows, keys, values,
+                              CAPACITY, start, cos + start * DIM / 2, sin + start * DIM / 2);
+        }
+        free(keys), free(values), free(step);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "layers %s %s%s%s%s", FORMAT_ROWS[format].name,
+             layout == LAYOUT_DOT ? "dot" : layout == LAYOUT_GROUPED ? "grouped" : "rows",
+             qk_norm ? " qk-norm" : "", sandwich ? " sandwich" : "", activation ? " gelu" : "");
+    report(what, level, same_floats(out[0], out[1], (size_t)total * HIDDEN));
+    for (int i = 0; i < owned_count; i++) free(owned[i]);
+    free(hidden), free(cos), free(sin), free(out[0]), free(out[1]);
+}
+
+static void check_level(const struct kernel_table *level)
+{
+    const ptrdiff_t row_counts[3] = {1, 5, 9};
+    for (int format = 0; format < FORMAT_COUNT; format++) {
+        const int dense = FORMAT_ROWS[format].block_size == 1;
+        for (int layout = LAYOUT_ROWS; layout <= LAYOUT_GROUPED; layout++)
+            for (int r = 0; r < 3; r++)
+                check_matmul(level, format, layout, row_counts[r], dense && !layout ? 100 : 96,
+                             37);
+        if (!dense) {
+            check_dot(level, format, 1, 37, 96);
+            check_dot(level, format, 7, 50, 128);
+            check_dot(level, format, 13, 16, 64);
+        }
+    }
+    const ptrdiff_t head_dims[4] = {40, 64, 128, 256};
+    for (int d = 0; d < 4; d++) {
+        check_attention(level, head_dims[d], 0);
+        check_attention(level, head_dims[d], 17);
+    }
+    check_rows(level, 7);
+    check_rows(level, 100);
+    check_layers(level, FORMAT_F32, LAYOUT_GROUPED, 0, 0, 0);
+    check_layers(level, FORMAT_BF16, LAYOUT_ROWS, 1, 1, 1);
+    check_layers(level, FORMAT_Q4_1, LAYOUT_DOT, 1, 0, 0);
+    check_layers(level, FORMAT_Q8_0, LAYOUT_GROUPED, 0, 1, 1);
 }
 
 int main(void)
 {
-    int passed = check_sum_lanes();
-    passed &= check_attention();
-    for (int format = FORMAT_Q8_0; format <= FORMAT_Q4_1; format++) {
-        passed &= check_dot(format, 1, 37, 96);
-        passed &= check_dot(format, 7, 50, 128);
-        passed &= check_dot(format, 13, 16, 64);
-    }
-    printf("%s\n", passed ? "all checks passed" : "CHECKS FAILED");
-    return passed ? 0 : 1;
+    const struct kernel_table *levels[8];
+    const int count = supported_levels(levels, 8);
+    for (int i = 0; i < count; i++)
+        if (levels[i] != &kernels_scalar) check_level(levels[i]);
+    printf("%s (%d levels against scalar)\n", failures ? "CHECKS FAILED" : "all checks passed",
+           count - 1);
+    return failures ? 1 : 0;
 }

@@ -7,13 +7,15 @@
  * made signed and multiplied as |w| times x with w's sign (a pair is at most 2 * 128 * 127).
  */
 #include "kernels.h"
-#include <immintrin.h>
+#include "x86_intrinsics.h"
 #include <string.h>
 
 #define DOT_TILE_ROWS 4
 #define DOT_Q8_CODE_BIAS 0
+#define DOT_VW 8
 
 typedef __m256i vi;
+typedef __m256 dv; /* one weight row per lane */
 
 /* One block's weight codes for 8 rows: code[j] pairs with activations 4j..4j+3; q4 codes are
  * 0..15, q8_0 codes are the signed weights. */
@@ -22,9 +24,14 @@ struct dot_codes {
 };
 
 static inline vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
-static inline vf vi_to_vf(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline dv vi_to_dv(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline dv dv_zero(void) { return _mm256_setzero_ps(); }
+static inline dv dv_set1(float a) { return _mm256_set1_ps(a); }
+static inline dv dv_add(dv a, dv b) { return _mm256_add_ps(a, b); }
+static inline dv dv_mul(dv a, dv b) { return _mm256_mul_ps(a, b); }
+static inline void dv_store(float *p, dv v) { _mm256_storeu_ps(p, v); }
 
-static inline vf vf_load_half(const uint16_t *p)
+static inline dv dv_load_half(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }

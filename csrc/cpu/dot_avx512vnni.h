@@ -6,13 +6,15 @@
  * depend on how the products are grouped.
  */
 #include "kernels.h"
-#include <immintrin.h>
+#include "x86_intrinsics.h"
 #include <string.h>
 
 #define DOT_TILE_ROWS 8
 #define DOT_Q8_CODE_BIAS 128
+#define DOT_VW 16
 
 typedef __m512i vi;
+typedef __m512 dv; /* one weight row per lane */
 
 /* One block's weight codes for the 16 rows: code[j] pairs with activations 4j..4j+3. */
 struct dot_codes {
@@ -20,9 +22,14 @@ struct dot_codes {
 };
 
 static inline vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
-static inline vf vi_to_vf(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline dv vi_to_dv(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline dv dv_zero(void) { return _mm512_setzero_ps(); }
+static inline dv dv_set1(float a) { return _mm512_set1_ps(a); }
+static inline dv dv_add(dv a, dv b) { return _mm512_add_ps(a, b); }
+static inline dv dv_mul(dv a, dv b) { return _mm512_mul_ps(a, b); }
+static inline void dv_store(float *p, dv v) { _mm512_storeu_ps(p, v); }
 
-static inline vf vf_load_half(const uint16_t *p)
+static inline dv dv_load_half(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }

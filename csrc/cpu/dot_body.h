@@ -1,6 +1,6 @@
 /* The integer-dot matmul for quantized weights in the dot layout (kernels.h), written once
- * against the vf primitives of a level (vec_*.h) and its integer primitives (dot_*.h);
- * included by kernel_body.h.
+ * against the vf primitives of a level (vec_*.h) and its integer and "dv" primitives (dot_*.h:
+ * DOT_VW-lane float vectors, one weight row per lane); included by kernel_body.h.
  *
  * Invariant: each activation row is quantized on its own (quantize_rows), and output element
  * (m, n) is, whatever the level, tile or thread:
@@ -61,17 +61,17 @@ struct dot_args {
     const float *bias;       /* the part's first bias value, or NULL */
     float *out;              /* output [first_row, part's first column] */
     ptrdiff_t out_stride;
-    int columns;             /* columns of the part that exist, at most VW */
+    int columns;             /* columns of the part that exist, at most DOT_VW */
 };
 
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
 {
     const struct quantized_rows *q = a->q;
     const size_t codes = (format == FORMAT_Q4_1 ? 4 : 2) * DOT_GROUP; /* bytes of d (and m) */
-    vf acc[DOT_TILE_ROWS];
+    dv acc[DOT_TILE_ROWS];
     /* Unrolled row loops keep every accumulator in a register. */
 #pragma GCC unroll 8
-    for (int r = 0; r < rows; r++) acc[r] = vf_zero();
+    for (int r = 0; r < rows; r++) acc[r] = dv_zero();
     for (ptrdiff_t b = 0; b < a->blocks; b++) {
         const uint8_t *record = a->records + b * a->record_bytes;
         /* The records stream from memory: ask for them well ahead of use (past the end of the
@@ -79,10 +79,10 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         if (a->lane0 == 0)
             for (size_t line = 0; line < a->record_bytes; line += 64)
                 __builtin_prefetch(record + DOT_PREFETCH_RECORDS * a->record_bytes + line);
-        const vf scale = vf_load_half((const uint16_t *)record + a->lane0);
-        vf minimum = vf_zero();
+        const dv scale = dv_load_half((const uint16_t *)record + a->lane0);
+        dv minimum = dv_zero();
         if (format == FORMAT_Q4_1)
-            minimum = vf_load_half((const uint16_t *)record + DOT_GROUP + a->lane0);
+            minimum = dv_load_half((const uint16_t *)record + DOT_GROUP + a->lane0);
         struct dot_codes w;
         const ptrdiff_t first = b * a->rows + a->first_row;
         const int8_t *x = q->values + first * QUANT_BLOCK;
@@ -96,15 +96,15 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
-            vf term = vf_mul(vf_mul(scale, vf_set1(q->scales[first + r])), vi_to_vf(isum[r]));
+            dv term = dv_mul(dv_mul(scale, dv_set1(q->scales[first + r])), vi_to_dv(isum[r]));
             if (format == FORMAT_Q4_1)
-                term = vf_add(term, vf_mul(minimum, vf_set1(q->scaled_sums[first + r])));
-            acc[r] = vf_add(acc[r], term);
+                term = dv_add(term, dv_mul(minimum, dv_set1(q->scaled_sums[first + r])));
+            acc[r] = dv_add(acc[r], term);
         }
     }
     for (int r = 0; r < rows; r++) {
-        float lanes[VW];
-        vf_store(lanes, acc[r]);
+        float lanes[DOT_VW];
+        dv_store(lanes, acc[r]);
         float *out = a->out + r * a->out_stride;
         for (int c = 0; c < a->columns; c++) {
             float total = lanes[c];
@@ -116,41 +116,48 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
 
 typedef void (*dot_function)(const struct dot_args *a);
 
-/* Instances taller than the level's tile exist only to fill the table (dot_matmul_columns never
- * reaches them), so they are clamped to the tile. */
-#define DOT_INSTANCE(F, R)                                                           \
-    static void dot_##F##_##R(const struct dot_args *a)                              \
-    {                                                                                \
-        dot_tile(F, (R) < DOT_TILE_ROWS ? (R) : DOT_TILE_ROWS, a);                   \
-    }
+/* Only the row counts this level reaches are instantiated (each is a full copy of the kernel). */
+#define DOT_INSTANCE(F, R) \
+    static void dot_##F##_##R(const struct dot_args *a) { dot_tile(F, R, a); }
+#if DOT_TILE_ROWS == 2
+#define DOT_INSTANCES(F) DOT_INSTANCE(F, 1) DOT_INSTANCE(F, 2)
+#define DOT_TABLE(F) {dot_##F##_1, dot_##F##_2}
+#elif DOT_TILE_ROWS == 4
+#define DOT_INSTANCES(F) DOT_INSTANCE(F, 1) DOT_INSTANCE(F, 2) DOT_INSTANCE(F, 3) DOT_INSTANCE(F, 4)
+#define DOT_TABLE(F) {dot_##F##_1, dot_##F##_2, dot_##F##_3, dot_##F##_4}
+#elif DOT_TILE_ROWS == 8
 #define DOT_INSTANCES(F) \
     DOT_INSTANCE(F, 1) DOT_INSTANCE(F, 2) DOT_INSTANCE(F, 3) DOT_INSTANCE(F, 4) \
     DOT_INSTANCE(F, 5) DOT_INSTANCE(F, 6) DOT_INSTANCE(F, 7) DOT_INSTANCE(F, 8)
 #define DOT_TABLE(F) \
     {dot_##F##_1, dot_##F##_2, dot_##F##_3, dot_##F##_4, dot_##F##_5, dot_##F##_6, \
      dot_##F##_7, dot_##F##_8}
+#else
+#error "DOT_TILE_ROWS must be 2, 4 or 8"
+#endif
 
-#if DOT_TILE_ROWS > 8 || DOT_GROUP % VW
-#error "dot tiles are generated for at most 8 rows and whole parts of a group"
+#if DOT_GROUP % DOT_VW
+#error "a part of DOT_VW columns must not straddle two groups"
 #endif
 
 DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4)
 
-static const dot_function dot_tiles[3][8] = {DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4)};
+static const dot_function dot_tiles[3][DOT_TILE_ROWS] = {DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4)};
 
-/* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of VW
- * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. */
+/* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
+ * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are
+ * weight rows and never meet, so DOT_VW decides the speed, not the bits. */
 static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
     const size_t block_bytes = BYTES_PER_32(p->format);
     const ptrdiff_t blocks = p->depth / QUANT_BLOCK;
     struct dot_args a = {.record_bytes = DOT_GROUP * block_bytes, .blocks = blocks,
                          .rows = p->rows, .q = p->quantized, .out_stride = p->columns};
-    for (ptrdiff_t n = first; n < end; n += VW) {
+    for (ptrdiff_t n = first; n < end; n += DOT_VW) {
         const ptrdiff_t group = n / DOT_GROUP;
         a.records = p->weight + (size_t)(group * blocks) * a.record_bytes;
         a.lane0 = n % DOT_GROUP;
-        a.columns = (int)min_index(VW, end - n);
+        a.columns = (int)min_index(DOT_VW, end - n);
         a.bias = p->bias ? p->bias + n : NULL;
         for (ptrdiff_t m = 0; m < p->rows; m += DOT_TILE_ROWS) {
             const int rows = (int)min_index(DOT_TILE_ROWS, p->rows - m);

@@ -11,8 +11,10 @@
 
 #define DOT_TILE_ROWS 4
 #define DOT_Q8_CODE_BIAS 0
+#define DOT_VW 4
 
 typedef int32x4_t vi;
+typedef float32x4_t dv; /* one weight row per lane */
 
 /* One block's weight codes for 4 rows as int16: code[j][0] holds rows 0 and 1 (4 codes each),
  * code[j][1] rows 2 and 3; code[j] pairs with activations 4j..4j+3. */
@@ -21,9 +23,14 @@ struct dot_codes {
 };
 
 static inline vi vi_set1(int32_t a) { return vdupq_n_s32(a); }
-static inline vf vi_to_vf(vi a) { return vcvtq_f32_s32(a); }
+static inline dv vi_to_dv(vi a) { return vcvtq_f32_s32(a); }
+static inline dv dv_zero(void) { return vdupq_n_f32(0.0f); }
+static inline dv dv_set1(float a) { return vdupq_n_f32(a); }
+static inline dv dv_add(dv a, dv b) { return vaddq_f32(a, b); }
+static inline dv dv_mul(dv a, dv b) { return vmulq_f32(a, b); }
+static inline void dv_store(float *p, dv v) { vst1q_f32(p, v); }
 
-static inline vf vf_load_half(const uint16_t *p)
+static inline dv dv_load_half(const uint16_t *p)
 {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }

@@ -4,42 +4,46 @@
  * Invariant: every primitive returns exact integer sums.
  */
 #include "kernels.h"
+#include <string.h>
 #define DOT_TILE_ROWS 2
 #define DOT_Q8_CODE_BIAS 0
+#define DOT_VW 8
 
-typedef struct { int32_t lane[VW]; } vi;
+typedef struct { int32_t lane[DOT_VW]; } vi;
+typedef struct { float lane[DOT_VW]; } dv; /* one weight row per lane */
 
-/* One block's weight codes for VW rows: code[j][c] holds row c's 4 codes paired with
+/* One block's weight codes for DOT_VW rows: code[j][c] holds row c's 4 codes paired with
  * activations 4j..4j+3; q4 codes are 0..15, q8_0 codes are the signed weights. */
 struct dot_codes {
-    int16_t code[8][VW][4];
+    int16_t code[8][DOT_VW][4];
 };
+
+#define DV_LANEWISE(expr) do { for (int i = 0; i < DOT_VW; i++) { r.lane[i] = (expr); } } while (0)
 
 static inline vi vi_set1(int32_t a)
 {
     vi r;
-    for (int i = 0; i < VW; i++) r.lane[i] = a;
+    DV_LANEWISE(a);
     return r;
 }
 
-static inline vf vi_to_vf(vi a)
+static inline dv vi_to_dv(vi a) { dv r; DV_LANEWISE((float)a.lane[i]); return r; }
+static inline dv dv_zero(void) { dv r; DV_LANEWISE(0.0f); return r; }
+static inline dv dv_set1(float a) { dv r; DV_LANEWISE(a); return r; }
+static inline dv dv_add(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] + b.lane[i]); return r; }
+static inline dv dv_mul(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] * b.lane[i]); return r; }
+static inline void dv_store(float *p, dv v) { memcpy(p, v.lane, sizeof v.lane); }
+static inline dv dv_load_half(const uint16_t *p)
 {
-    vf r;
-    for (int i = 0; i < VW; i++) r.lane[i] = (float)a.lane[i];
-    return r;
-}
-
-static inline vf vf_load_half(const uint16_t *p)
-{
-    vf r;
-    for (int i = 0; i < VW; i++) r.lane[i] = half_bits_to_float(p[i]);
+    dv r;
+    DV_LANEWISE(half_bits_to_float(p[i]));
     return r;
 }
 
 static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
 {
     for (int t = 0; t < 4; t++)
-        for (int c = 0; c < VW; c++)
+        for (int c = 0; c < DOT_VW; c++)
             for (int i = 0; i < 4; i++) {
                 uint8_t byte = chunks[t * DOT_CHUNK + 4 * c + i];
                 w->code[t][c][i] = (int16_t)(byte & 0x0f);
@@ -50,7 +54,7 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {
     for (int j = 0; j < 8; j++)
-        for (int c = 0; c < VW; c++)
+        for (int c = 0; c < DOT_VW; c++)
             for (int i = 0; i < 4; i++)
                 w->code[j][c][i] = (int16_t)((int)chunks[j * DOT_CHUNK + 4 * c + i] - 128);
 }
@@ -59,7 +63,7 @@ static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 static inline vi dot_codes_sum(vi start, const struct dot_codes *w, const int8_t *x)
 {
     vi r;
-    for (int c = 0; c < VW; c++) {
+    for (int c = 0; c < DOT_VW; c++) {
         int32_t total = start.lane[c];
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) total += (int32_t)w->code[j][c][i] * x[4 * j + i];

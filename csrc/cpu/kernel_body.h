@@ -135,28 +135,42 @@ static ALWAYS_INLINE void tile_kernel(const int format, const int rows, const in
 
 typedef void (*tile_function)(const struct tile_args *a);
 
+/* Only the tile sizes this level reaches are instantiated (each is a full copy of the kernel). */
 #define TILE_INSTANCE(F, R, C) \
     static void tile_##F##_##R##_##C(const struct tile_args *a) { tile_kernel(F, R, C, a); }
-#define TILE_INSTANCES_ROW(F, R) \
+#if TILE_COLUMNS == 1
+#define ROW_INSTANCES(F, R) TILE_INSTANCE(F, R, 1)
+#define ROW_TABLE(F, R) {tile_##F##_##R##_1}
+#elif TILE_COLUMNS == 2
+#define ROW_INSTANCES(F, R) TILE_INSTANCE(F, R, 1) TILE_INSTANCE(F, R, 2)
+#define ROW_TABLE(F, R) {tile_##F##_##R##_1, tile_##F##_##R##_2}
+#elif TILE_COLUMNS == 4
+#define ROW_INSTANCES(F, R) \
     TILE_INSTANCE(F, R, 1) TILE_INSTANCE(F, R, 2) TILE_INSTANCE(F, R, 3) TILE_INSTANCE(F, R, 4)
-#define TILE_INSTANCES(F) \
-    TILE_INSTANCES_ROW(F, 1) TILE_INSTANCES_ROW(F, 2) TILE_INSTANCES_ROW(F, 3) \
-    TILE_INSTANCES_ROW(F, 4)
-#define TILE_TABLE_ROW(F, R) \
-    {tile_##F##_##R##_1, tile_##F##_##R##_2, tile_##F##_##R##_3, tile_##F##_##R##_4}
-#define TILE_TABLE(F) \
-    {TILE_TABLE_ROW(F, 1), TILE_TABLE_ROW(F, 2), TILE_TABLE_ROW(F, 3), TILE_TABLE_ROW(F, 4)}
-
-#if TILE_ROWS > 4 || TILE_COLUMNS > 4
-#error "tile tables are generated for at most 4 x 4 outputs"
+#define ROW_TABLE(F, R) {tile_##F##_##R##_1, tile_##F##_##R##_2, tile_##F##_##R##_3, \
+                         tile_##F##_##R##_4}
+#else
+#error "TILE_COLUMNS must be 1, 2 or 4 (a column tile must not straddle two weight groups)"
+#endif
+#if TILE_ROWS == 1
+#define FORMAT_INSTANCES(F) ROW_INSTANCES(F, 1)
+#define FORMAT_TABLE(F) {ROW_TABLE(F, 1)}
+#elif TILE_ROWS == 2
+#define FORMAT_INSTANCES(F) ROW_INSTANCES(F, 1) ROW_INSTANCES(F, 2)
+#define FORMAT_TABLE(F) {ROW_TABLE(F, 1), ROW_TABLE(F, 2)}
+#elif TILE_ROWS == 4
+#define FORMAT_INSTANCES(F) \
+    ROW_INSTANCES(F, 1) ROW_INSTANCES(F, 2) ROW_INSTANCES(F, 3) ROW_INSTANCES(F, 4)
+#define FORMAT_TABLE(F) {ROW_TABLE(F, 1), ROW_TABLE(F, 2), ROW_TABLE(F, 3), ROW_TABLE(F, 4)}
+#else
+#error "TILE_ROWS must be 1, 2 or 4"
 #endif
 
-/* Instances wider than the level's tile exist only to fill the table; matmul_columns never
- * reaches them. */
-TILE_INSTANCES(0) TILE_INSTANCES(1) TILE_INSTANCES(2) TILE_INSTANCES(3) TILE_INSTANCES(4)
+FORMAT_INSTANCES(0) FORMAT_INSTANCES(1) FORMAT_INSTANCES(2) FORMAT_INSTANCES(3)
+FORMAT_INSTANCES(4)
 
-static const tile_function tiles[FORMAT_COUNT][4][4] = {
-    TILE_TABLE(0), TILE_TABLE(1), TILE_TABLE(2), TILE_TABLE(3), TILE_TABLE(4),
+static const tile_function tiles[FORMAT_COUNT][TILE_ROWS][TILE_COLUMNS] = {
+    FORMAT_TABLE(0), FORMAT_TABLE(1), FORMAT_TABLE(2), FORMAT_TABLE(3), FORMAT_TABLE(4),
 };
 
 #if WEIGHT_GROUP % TILE_COLUMNS

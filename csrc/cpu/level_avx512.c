@@ -6,13 +6,14 @@
  * avx2 level's integer-dot matmul, whose bits every level shares.
  */
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__clang__)
+#if defined(EXACTDRAFT_EMULATE_X86)
+/* SIMDe: plain x86-64 code */
+#elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
@@ -24,7 +25,7 @@
 #include "vec_avx512.h"
 #include "kernel_body.h"
 
-#if defined(__clang__)
+#if defined(__clang__) && !defined(EXACTDRAFT_EMULATE_X86)
 #pragma clang attribute pop
 #endif
 #endif

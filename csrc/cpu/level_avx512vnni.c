@@ -5,13 +5,14 @@
  * dispatch.c calls these kernels only after checking at run time that the CPU supports them.
  */
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__clang__)
+#if defined(EXACTDRAFT_EMULATE_X86)
+/* SIMDe: plain x86-64 code */
+#elif defined(__clang__)
 #pragma clang attribute push(                                                        \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
     apply_to = function)
@@ -25,7 +26,7 @@
 #include "dot_avx512vnni.h"
 #include "kernel_body.h"
 
-#if defined(__clang__)
+#if defined(__clang__) && !defined(EXACTDRAFT_EMULATE_X86)
 #pragma clang attribute pop
 #endif
 #endif

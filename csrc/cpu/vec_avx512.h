@@ -3,7 +3,7 @@
  * Invariant: each primitive is one fixed sequence of IEEE operations; horizontal reductions use
  * a fixed pairing tree, so a reduction's bits depend only on the lane values.
  */
-#include <immintrin.h>
+#include "x86_intrinsics.h"
 
 #define VW 16
 #define TILE_ROWS 4

@@ -1,16 +1,19 @@
-/* Portable 8-lane float "vectors" in plain C, for kernel_body.h on machines without a SIMD
- * level here.
+/* The canonical arithmetic in plain C: 16-lane float "vectors", for kernel_body.h on machines
+ * without a SIMD level here, and the definition every SIMD level reproduces.
  *
- * Invariant: every lane operation is one correctly rounded IEEE operation (the build turns off
- * floating-point contraction, so vf_fma is a rounded multiply then a rounded add), and the
- * horizontal reductions use the same fixed pairing tree as the SIMD levels.
+ * Invariant (the canonical arithmetic of exactdraft's CPU kernels): a vector has 16 float32
+ * lanes; every lane operation is one correctly rounded IEEE operation (vf_fma is a fused
+ * multiply-add, fmaf, rounded once; the build turns off any other contraction); max(a, b) is
+ * a > b ? a : b; and every horizontal reduction meets the lanes in one tree: lane i + lane i+8,
+ * then i + i+4, then i + i+2, then lane 0 + lane 1. A SIMD level may use any registers, but
+ * must give these bits.
  */
 #include <math.h>
 #include <string.h>
 
-#define VW 8
+#define VW 16
 #define TILE_ROWS 2
-/* Vector registers attention may fill with one head's accumulators, side by side. */
+/* Vectors attention may fill with one head's accumulators, side by side. */
 #define ATTENTION_REGISTERS 8
 #define TILE_COLUMNS 2
 
@@ -39,7 +42,13 @@ static inline vf vf_div(vf a, vf b) { vf r; LANEWISE(a.lane[i] / b.lane[i]); ret
 static inline vf vf_fma(vf a, vf b, vf c)
 {
     vf r;
+#if defined(EXACTDRAFT_UNFUSED_SCALAR)
+    /* Test builds only: a multiply and an add, each rounded, which the canonical arithmetic
+     * forbids; tests/kernels/test_cpu_levels.py shows the level check catches it. */
     LANEWISE(a.lane[i] * b.lane[i] + c.lane[i]);
+#else
+    LANEWISE(fmaf(a.lane[i], b.lane[i], c.lane[i]));
+#endif
     return r;
 }
 static inline vf vf_max(vf a, vf b) { vf r; LANEWISE(a.lane[i] > b.lane[i] ? a.lane[i] : b.lane[i]); return r; }
@@ -55,8 +64,9 @@ static inline void vf_store_int8(int8_t *p, vf v)
 
 static inline float vf_sum(vf v)
 {
-    float four[4], two[2];
-    for (int i = 0; i < 4; i++) four[i] = v.lane[i] + v.lane[i + 4];
+    float eight[8], four[4], two[2];
+    for (int i = 0; i < 8; i++) eight[i] = v.lane[i] + v.lane[i + 8];
+    for (int i = 0; i < 4; i++) four[i] = eight[i] + eight[i + 4];
     for (int i = 0; i < 2; i++) two[i] = four[i] + four[i + 2];
     return two[0] + two[1];
 }
@@ -69,11 +79,16 @@ static inline vf vf_sum_lanes(const vf d[VW])
     return r;
 }
 
+static inline float max_of(float a, float b) { return a > b ? a : b; }
+
+/* The largest lane, met in the canonical tree. */
 static inline float vf_max_all(vf v)
 {
-    float best = v.lane[0];
-    for (int i = 1; i < VW; i++) best = v.lane[i] > best ? v.lane[i] : best;
-    return best;
+    float eight[8], four[4], two[2];
+    for (int i = 0; i < 8; i++) eight[i] = max_of(v.lane[i], v.lane[i + 8]);
+    for (int i = 0; i < 4; i++) four[i] = max_of(eight[i], eight[i + 4]);
+    for (int i = 0; i < 2; i++) two[i] = max_of(four[i], four[i + 2]);
+    return max_of(two[0], two[1]);
 }
 
 static inline vf vf_select_greater(vf a, vf b, vf t, vf f)
@@ -125,8 +140,8 @@ static inline void vf_decode_q4(const uint8_t *packed, vf scale, vf bias, vf out
 {
     for (int i = 0; i < 16; i++) {
         float low = (float)(packed[i] & 0x0f), high = (float)(packed[i] >> 4);
-        out[i / VW].lane[i % VW] = low * scale.lane[0] + bias.lane[0];
-        out[(i + 16) / VW].lane[i % VW] = high * scale.lane[0] + bias.lane[0];
+        out[i / VW].lane[i % VW] = fmaf(low, scale.lane[0], bias.lane[0]);
+        out[(i + 16) / VW].lane[(i + 16) % VW] = fmaf(high, scale.lane[0], bias.lane[0]);
     }
 }
 

@@ -5,16 +5,15 @@
  * where that path raises (NaN in x, no finite best scaled score, a kept candidate whose keyed
  * uniform rounds to 1.0, where -log(-log(u)) is undefined).
  *
- * Why no near-tie fallback is needed: the definition is written against Python's math.exp and
- * math.log, which for the finite positive arguments used here call exp() and log() of the C
- * math library. This code calls those same functions: in one process both references resolve
- * to the one definition the dynamic linker bound (glibc picks its variant for the CPU once per
- * process), so they return the same bits for every argument. Every other step is an IEEE
- * double operation (division, subtraction, addition, multiplication, comparison) rounded to
- * nearest, identical in Python and here provided the compiler emits each one as written: the
- * build uses -ffp-contract=off (no fused multiply-add) and no -ffast-math, and the checks
- * below refuse a build whose double arithmetic is not evaluated in double. So every score,
- * top-p sum and min-p bound is the reference's value, and ties are decided exactly.
+ * Why no near-tie fallback is needed: the definition's exp and log are exactdraft's own
+ * (exactdraft/float64_math.py), and this code runs their C twins (float64_math.h), the same
+ * sequence of IEEE double operations, so they return the same bits for every argument on
+ * every machine. Every other step is an IEEE double operation (division, subtraction,
+ * addition, multiplication, comparison) rounded to nearest, identical in Python and here
+ * provided the compiler emits each one as written: the build uses -ffp-contract=off (no fused
+ * multiply-add) and no -ffast-math, and the checks below refuse a build whose double
+ * arithmetic is not evaluated in double. So every score, top-p sum and min-p bound is the
+ * reference's value, and ties are decided exactly.
  *
  * Work is skipped only where a proof says it cannot change the answer:
  * - a candidate more than IRRELEVANT_BELOW under the best scaled score s0 cannot win step 9:
@@ -37,6 +36,7 @@
 #include <string.h>
 
 #include "draw.h"
+#include "float64_math.h"
 
 #if defined(__FAST_MATH__)
 #error "exactdraft._sampler needs IEEE arithmetic: build it without -ffast-math"
@@ -98,7 +98,7 @@ static inline int consider(struct contest *c, size_t id, double rough_s)
     }
     const double value = c->x[id];
     const double u = ((double)k + 0.5) * 0x1p-53;
-    const double score = value / c->temperature + -log(-log(u));
+    const double score = value / c->temperature + -xd_log(-xd_log(u));
     if (!c->started || score > c->best_score ||
         (score == c->best_score &&
          (value > c->best_x || (value == c->best_x && id < c->best_id)))) {
@@ -268,7 +268,7 @@ struct draw_result draw(const struct draw_request *r)
     if (temperature == 0.0) return outcome(DRAW_OK, top, 0.0);
     const double best_x = x[top], s0 = best_x / temperature;
     if (!isfinite(s0)) return outcome(DRAW_NO_FINITE_MAXIMUM, 0, s0);
-    const double keep_from = r->min_p > 0 ? s0 + log(r->min_p) : -INFINITY;
+    const double keep_from = r->min_p > 0 ? s0 + xd_log(r->min_p) : -INFINITY;
     const struct scaling z = scaling_for(temperature, s0);
     struct contest contest;
     start_contest(&contest, r, s0);

@@ -9,6 +9,8 @@
 #include <Python.h>
 
 #include <math.h>
+
+#include "float64_math.h"
 #include <string.h>
 
 #include "draw.h"
@@ -149,7 +151,42 @@ static PyObject *py_top_p_path_counts(PyObject *self, PyObject *unused)
                          (unsigned long long)counts[2]);
 }
 
+/* elementwise(x) -> list: xd_exp or xd_log of each double of a float64 row (for tests holding
+ * the C functions equal to exactdraft/float64_math.py). */
+static PyObject *elementwise(PyObject *arg, double (*function)(double))
+{
+    Py_buffer view;
+    if (take_row(arg, &view)) return NULL;
+    const double *x = view.buf;
+    const Py_ssize_t count = view.shape[0];
+    PyObject *out = PyList_New(count);
+    for (Py_ssize_t i = 0; out && i < count; i++) {
+        PyObject *value = PyFloat_FromDouble(function(x[i]));
+        if (!value) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyObject *py_exp(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return elementwise(arg, xd_exp);
+}
+
+static PyObject *py_log(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return elementwise(arg, xd_log);
+}
+
 static PyMethodDef methods[] = {
+    {"exp", py_exp, METH_O, "exp(x) -> list: exactdraft's float64 exp of each value of x"},
+    {"log", py_log, METH_O, "log(x) -> list: exactdraft's float64 log of each value of x"},
     {"draw", (PyCFunction)(void (*)(void))py_draw, METH_FASTCALL,
      "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path]) -> int: steps 3-9 "
      "of SAMPLER.md on the processed C-contiguous float64 row x. top_p_path (tests): 0 auto, "

@@ -2,8 +2,8 @@
  * on the total suffices.
  *
  * Invariant: top_p_keep returns n + 1 for the first index n, in step 4's order, with
- * c[n] >= top_p * c[-1], where c are the sequential float64 sums of exp(s - s0) (the C
- * library's exp, which Python's math.exp calls) over the sorted candidates. Every prefix sum it
+ * c[n] >= top_p * c[-1], where c are the sequential float64 sums of exp(s - s0) (exactdraft's
+ * own exp, float64_math.h, the twin of the Python definition's) over the sorted candidates. Every prefix sum it
  * compares is computed as the reference computes it, so the answer is exact.
  *
  * Candidates with d = s - s0 < -38 are left out: each adds exp(d) < 2**-54 to a running sum of
@@ -17,14 +17,16 @@
  * ending at C. Each later candidate adds exp(d) in [exp(-(b+1)/256), exp(-b/256)], so c[-1]
  * lies in [(C + L)(1 - eta), (C + H)(1 + eta)], with L and H those bounds summed over the tail
  * and eta covering the rounding of the remaining additions (2**-53 relative each), of the
- * bounds' own sums, and the error of the library's exp (taken below 1e-12 relative; glibc's is
- * under one ulp). If the first prefix sum reaching top_p times the bracket's top comes right
+ * bounds' own sums, and the error of the exp (taken below 1e-12 relative; exactdraft's is
+ * within a few ulps). If the first prefix sum reaching top_p times the bracket's top comes right
  * after one below top_p times its bottom, that index is the cut for every total in the bracket,
  * hence for c[-1]; otherwise the exhaustive path decides. B is placed where the tail's
  * uncertainty falls under a sixteenth of a term at the estimated cut, so that is rare.
  */
 #include <float.h>
 #include <math.h>
+
+#include "float64_math.h"
 
 #include "draw.h"
 
@@ -44,7 +46,7 @@ static double prefix_sums(const double *x, double temperature, double s0, const 
 {
     double total = 0.0;
     for (size_t i = 0; i < n; i++) {
-        total += exp(x[ids[i]] / temperature - s0);
+        total += xd_exp(x[ids[i]] / temperature - s0);
         sums[i] = total;
     }
     return total;
@@ -72,7 +74,7 @@ static size_t choose_bound(const struct candidates *c, double top_p, size_t *use
 {
     if (!bucket_top_filled) {
         for (size_t b = 0; b <= BUCKET_COUNT; b++)
-            bucket_top[b] = exp(-(double)b / BUCKETS_PER_UNIT);
+            bucket_top[b] = xd_exp(-(double)b / BUCKETS_PER_UNIT);
         bucket_top_filled = 1;
     }
     *used = count_buckets(c, bucket_counts);

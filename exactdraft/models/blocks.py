@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft import float64_math
 from exactdraft.backends.base import Backend, DecoderLayer, LayerShape
 from exactdraft.errors import WeightError
 from exactdraft.models.cache import KVCache
@@ -21,8 +22,10 @@ from exactdraft.models.config import RopeScaling
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
-    """Inverse frequencies [head_dim / 2] in float64, with llama3/linear scaling applied."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    """Inverse frequencies [head_dim / 2] in float64, with llama3/linear scaling applied;
+    computed with exactdraft's own float64 power, so the same on every machine."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv_freq = 1.0 / float64_math.power(theta, exponents)
     if scaling is None:
         return inv_freq
     if scaling.rope_type == "linear":
@@ -40,15 +43,30 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -
 
 
 class RopeTable:
-    """cos and sin [max_context, head_dim / 2] of one set of frequencies, on the backend."""
+    """cos and sin [positions, head_dim / 2] of one set of frequencies, from exactdraft's own
+    float64 sin and cos (numpy's differ between machines in the last bit). Rows are computed
+    as positions are first used: row p depends on p alone, so growing the table never changes
+    a row."""
 
-    def __init__(self, backend: Backend, inv_freq: np.ndarray, max_context: int) -> None:
-        angles = np.arange(max_context, dtype=np.float64)[:, None] * inv_freq
-        self.cos = backend.vector(np.cos(angles).astype(np.float32))
-        self.sin = backend.vector(np.sin(angles).astype(np.float32))
+    def __init__(self, inv_freq: np.ndarray) -> None:
+        self.inv_freq = np.asarray(inv_freq, dtype=np.float64)
+        empty = np.zeros((0, self.inv_freq.size), np.float32)
+        self.cos, self.sin = empty, empty  # float32 [built, head_dim / 2] on the host
+
+    def _grow(self, length: int) -> None:
+        built = self.cos.shape[0]
+        if length <= built:
+            return
+        length = max(length, 2 * built, 256)
+        angles = np.arange(built, length, dtype=np.float64)[:, None] * self.inv_freq
+        sine, cosine = float64_math.sincos(angles)
+        self.cos = np.concatenate([self.cos, cosine.astype(np.float32)])
+        self.sin = np.concatenate([self.sin, sine.astype(np.float32)])
 
     def rows(self, backend: Backend, positions: np.ndarray) -> tuple[Any, Any]:
-        return backend.embedding(self.cos, positions), backend.embedding(self.sin, positions)
+        """cos and sin rows [len(positions), head_dim / 2] on the backend."""
+        self._grow(int(positions.max()) + 1)
+        return backend.vector(self.cos[positions]), backend.vector(self.sin[positions])
 
 
 def check_shapes(expected: Mapping[str, tuple[int, ...]], shape_of: Any, source: str) -> None:

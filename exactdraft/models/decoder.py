@@ -139,10 +139,10 @@ class DecoderModel:
         self.embedding_scale = None if c.embedding_scale is None else \
             backend.vector(np.array([c.embedding_scale], dtype=np.float32))
         global_freq = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
-        self.rope_tables = [RopeTable(backend, global_freq, self.max_context)]
+        self.rope_tables = [RopeTable(global_freq)]
         if c.local_rope_theta is not None:
-            local_freq = rope_frequencies(c.head_dim, c.local_rope_theta, None)
-            self.rope_tables.append(RopeTable(backend, local_freq, self.max_context))
+            self.rope_tables.append(RopeTable(rope_frequencies(c.head_dim, c.local_rope_theta,
+                                                               None)))
         # Layer i reads rope table layer_rope[i]: the local one for sliding layers, if any.
         self.layer_rope = [1 if c.local_rope_theta is not None and window else 0
                            for window in c.sliding_windows]

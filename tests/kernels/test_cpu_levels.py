@@ -1,0 +1,135 @@
+"""Every SIMD level the package builds gives the scalar level's bits (the canonical arithmetic),
+kernel by kernel and for whole decoder layers: csrc/cpu/check_levels.c built with the level
+objects and run natively, under qemu for arm64 NEON, and with the x86 levels built on SIMDe
+where this CPU lacks their instructions.
+
+The tools come from Debian packages that scripts/install.sh installs when it can (gcc, and
+gcc-aarch64-linux-gnu, qemu-user and libsimde-dev); a test whose tool is missing is skipped
+with the reason, and CI prints skip reasons (-rs).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from exactdraft.kernels import cpu
+
+SOURCES = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+# The extension's own flags (setup.py), so the checked objects are the ones users run.
+FLAGS = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", f"-I{SOURCES}"]
+COMMON = ["dispatch", "thread_pool", "decoder_layer", "check_levels", "level_scalar"]
+X86 = ["level_avx2", "level_avx512", "level_avx512vnni"]
+X86_LEVELS = ("avx2", "avx512", "avx512vnni")
+ON_X86 = platform.machine() in ("x86_64", "AMD64")
+SIMDE_HEADER = Path("/usr/include/simde/x86/avx512.h")
+
+
+def build(folder: Path, compiler: str, levels: list[str], extra: list[str] = (),
+          link: list[str] = (), rebuild: tuple[str, ...] | None = None) -> Path:
+    """The check program built from the level files with `compiler` (objects in parallel);
+    with `rebuild`, only those objects are compiled again, the others reused from `folder`."""
+    def compile_one(name: str) -> str:
+        target = folder / f"{name}.o"
+        if rebuild is None or name in rebuild or not target.is_file():
+            subprocess.run([compiler, *FLAGS, *extra, "-c", str(SOURCES / f"{name}.c"), "-o",
+                            str(target)], check=True, capture_output=True, text=True)
+        return str(target)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        objects = list(pool.map(compile_one, COMMON + levels))
+    program = folder / "check_levels"
+    subprocess.run([compiler, "-pthread", *link, "-o", str(program), *objects, "-lm"],
+                   check=True, capture_output=True, text=True)
+    return program
+
+
+@pytest.fixture(scope="module")
+def x86_folder(tmp_path_factory) -> Path:
+    """Where the native x86 objects are built once for this module."""
+    return tmp_path_factory.mktemp("levels")
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+
+def assert_all_same(result: subprocess.CompletedProcess, levels: int) -> None:
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    assert f"all checks passed ({levels} levels against scalar)" in result.stdout
+    assert "DIFFERENT" not in result.stdout
+    assert result.stdout.count("same bits") >= 40 * levels
+
+
+def needs(*tools: str) -> None:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (Debian: see scripts/install.sh)")
+
+
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_native_x86_levels_give_the_scalar_bits(x86_folder):
+    needs("gcc")
+    runnable = [level for level in X86_LEVELS if cpu.available() and level in cpu.simd_levels()]
+    if not runnable:
+        pytest.skip("this CPU runs no x86 SIMD level natively")
+    program = build(x86_folder, "gcc", X86)
+    assert_all_same(run([str(program)]), len(runnable))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):
+    """Negative control: a scalar level with an unfused multiply-add (what the scalar level
+    did before the arithmetic was made canonical) is reported as different."""
+    needs("gcc")
+    if not cpu.available() or not set(X86_LEVELS) & set(cpu.simd_levels()):
+        pytest.skip("this CPU runs no x86 SIMD level natively")
+    for reused in x86_folder.glob("*.o"):
+        shutil.copy(reused, tmp_path / reused.name)
+    program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_UNFUSED_SCALAR"],
+                    rebuild=("level_scalar",))
+    result = run([str(program)])
+    assert result.returncode == 1 and "CHECKS FAILED" in result.stdout
+    assert "DIFFERENT" in result.stdout
+
+
+def emulated_x86(tmp_path: Path) -> None:
+    needs("gcc")
+    if not SIMDE_HEADER.is_file():
+        pytest.skip(f"needs the SIMDe headers ({SIMDE_HEADER}; Debian: libsimde-dev)")
+    # -O1: SIMDe's headers make -O3 builds slow, and the bits do not depend on it.
+    program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_EMULATE_X86", "-O1",
+                                                 "-Wno-psabi"])
+    assert_all_same(run([str(program)]), len(X86_LEVELS))
+
+
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_x86_levels_this_cpu_lacks_give_the_scalar_bits_emulated(tmp_path):
+    missing = [level for level in X86_LEVELS if level not in cpu.simd_levels()]
+    if not missing:
+        pytest.skip("every x86 level runs natively here (the native test covers them; the "
+                    "slow job checks the emulated build too)")
+    emulated_x86(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_emulated_x86_levels_give_the_scalar_bits(tmp_path):
+    emulated_x86(tmp_path)
+
+
+@pytest.mark.slow
+def test_neon_level_gives_the_scalar_bits_under_qemu(tmp_path):
+    if platform.machine() in ("aarch64", "arm64"):
+        needs("gcc")
+        assert_all_same(run([str(build(tmp_path, "gcc", ["level_neon"]))]), 1)
+        return
+    needs("aarch64-linux-gnu-gcc", "qemu-aarch64")
+    program = build(tmp_path, "aarch64-linux-gnu-gcc", ["level_neon"], link=["-static"])
+    assert_all_same(run(["qemu-aarch64", str(program)]), 1)

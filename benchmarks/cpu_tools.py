@@ -154,6 +154,9 @@ class LlamaCppRunner:
                              draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
 
     def prompt_ids(self, workload: Workload) -> list[int]:
+        template = self.serial.metadata.get("tokenizer.chat_template") or ""
+        if "<|im_start|>" not in template:  # a base model (Gemma 3 270M): the prompt as text
+            return self.serial.tokenize(workload.prompt.encode(), add_bos=True, special=True)
         text = ("<|im_start|>user\n" + workload.prompt + "<|im_end|>\n<|im_start|>assistant\n")
         return self.serial.tokenize(text.encode(), add_bos=False, special=True)
 

@@ -2,10 +2,18 @@
 
     import exactdraft as xd
     gen = xd.Generator.from_pretrained("path/to/model", drafter=xd.PromptLookup())
-    out = gen.generate("Hello", max_new_tokens=64, sampling=xd.SamplingParams(seed=7))
+    out = gen.generate("Hello", max_new_tokens=64, temperature=0.7, seed=7)
 """
 
-from exactdraft.drafters import DraftContext, Drafter, DraftModel, PromptLookup
+from exactdraft.drafters import (
+    DraftContext,
+    Drafter,
+    DraftModel,
+    DraftTree,
+    MTPDrafter,
+    PromptLookup,
+    SuffixDrafter,
+)
 from exactdraft.errors import (
     BackendError,
     CheckpointError,
@@ -18,7 +26,7 @@ from exactdraft.errors import (
     TokenizerError,
     WeightError,
 )
-from exactdraft.generator import Chunk, GenerationResult, GenerationStats, Generator
+from exactdraft.generator import Chunk, GenerationResult, GenerationStats, Generator, Stream
 from exactdraft.sampling import KeyedSampler, SamplingParams
 from exactdraft.verify import ExactVerifier, Verdict, Verifier
 
@@ -31,6 +39,7 @@ __all__ = [
     "ConfigError",
     "DraftContext",
     "DraftModel",
+    "DraftTree",
     "Drafter",
     "ExactVerifier",
     "ExactdraftError",
@@ -40,10 +49,13 @@ __all__ = [
     "GenerationStats",
     "Generator",
     "KeyedSampler",
+    "MTPDrafter",
     "ParameterError",
     "PromptLookup",
+    "SuffixDrafter",
     "RecordingError",
     "SamplingParams",
+    "Stream",
     "TokenizerError",
     "Verdict",
     "Verifier",

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.errors import ParameterError
 from exactdraft.generator import GenerationResult, Generator
+from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput
 from exactdraft.sampling import SamplingParams
 
@@ -144,7 +146,8 @@ def _logits_gap(generator: Generator, prompt: PromptInput, max_new_tokens: int,
     for drafts in (True, False):
         recorder = _RecordingTarget(generator.target)
         probe = Generator(recorder, generator.drafter, generator.verifier, generator.sampler,
-                          generator.tokenizer, guard=False)
+                          generator.tokenizer, guard=False, sampling=generator.sampling,
+                          stop_tokens=generator.stop_tokens, progress=False)
         probe.generate(prompt, max_new_tokens, params, stop=stop, drafts=drafts)
         rows.append(recorder.rows.get(position - 1))
     if rows[0] is None or rows[1] is None:
@@ -154,32 +157,48 @@ def _logits_gap(generator: Generator, prompt: PromptInput, max_new_tokens: int,
 
 def check_exactness(generator: Generator, prompts: Sequence[PromptInput],
                     seeds: Sequence[int], settings: Sequence[SamplingParams],
-                    max_new_tokens: int = 64, stop: str | Sequence[str] = ()) -> CheckReport:
-    """Generate every prompt x seed x setting with drafts and without, and compare."""
+                    max_new_tokens: int = 64, stop: str | Sequence[str] = (), *,
+                    progress: bool | None = None) -> CheckReport:
+    """Generate every prompt x seed x setting with drafts and without, and compare.
+    `progress` shows the case being run on stderr (None: when stderr is a terminal)."""
     if generator.drafter is None:
-        raise ValueError("check_exactness needs a Generator with a drafter")
+        raise ParameterError("check_exactness needs a Generator with a drafter")
     report = CheckReport(drafting_note=generator.drafting_note)
     if generator.drafting_note is not None:
         # Measure what drafting would do anyway: the point of a check is to see it.
         generator = Generator(generator.target, generator.drafter, generator.verifier,
-                              generator.sampler, generator.tokenizer, guard=False)
-    for prompt_index, prompt in enumerate(prompts):
-        for seed in seeds:
-            for setting in settings:
-                params = setting.with_seed(seed)
-                drafted = generator.generate(prompt, max_new_tokens, params, stop=stop)
-                serial = generator.generate(prompt, max_new_tokens, params, stop=stop,
-                                            drafts=False)
-                case = Case(prompt_index, seed, describe(params), drafted, serial)
-                index = first_divergence(drafted.tokens, serial.tokens)
-                if index is None and drafted.finish_reason != serial.finish_reason:
-                    index = min(len(drafted.tokens), len(serial.tokens))
-                if index is not None:
-                    at = len(serial.prompt_tokens) + index
-                    case.divergence = Divergence(
-                        index,
-                        drafted.tokens[index] if index < len(drafted.tokens) else None,
-                        serial.tokens[index] if index < len(serial.tokens) else None,
-                        _logits_gap(generator, prompt, max_new_tokens, params, stop, at))
-                report.cases.append(case)
+                              generator.sampler, generator.tokenizer, guard=False,
+                              sampling=generator.sampling, stop_tokens=generator.stop_tokens,
+                              progress=progress)
+    total = len(prompts) * len(seeds) * len(settings)
+    with Progress("check", progress) as shown:
+        for prompt_index, prompt in enumerate(prompts):
+            for seed in seeds:
+                for setting in settings:
+                    shown.count(len(report.cases), total,
+                                f"cases done, now prompt {prompt_index}, seed {seed}, "
+                                f"{describe(setting)}")
+                    report.cases.append(_case(generator, prompt_index, prompt, seed, setting,
+                                              max_new_tokens, stop))
+        shown.count(total, total, "cases done")
     return report
+
+
+def _case(generator: Generator, prompt_index: int, prompt: PromptInput, seed: int,
+          setting: SamplingParams, max_new_tokens: int, stop: str | Sequence[str]) -> Case:
+    """One prompt x seed x setting, drafted and serial, with its first divergence if any."""
+    params = setting.with_seed(seed)
+    drafted = generator.generate(prompt, max_new_tokens, params, stop=stop)
+    serial = generator.generate(prompt, max_new_tokens, params, stop=stop, drafts=False)
+    case = Case(prompt_index, seed, describe(params), drafted, serial)
+    index = first_divergence(drafted.tokens, serial.tokens)
+    if index is None and drafted.finish_reason != serial.finish_reason:
+        index = min(len(drafted.tokens), len(serial.tokens))
+    if index is not None:
+        at = len(serial.prompt_tokens) + index
+        case.divergence = Divergence(
+            index,
+            drafted.tokens[index] if index < len(drafted.tokens) else None,
+            serial.tokens[index] if index < len(serial.tokens) else None,
+            _logits_gap(generator, prompt, max_new_tokens, params, stop, at))
+    return case

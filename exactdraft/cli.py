@@ -1,14 +1,18 @@
-"""The `exactdraft` command: generate text, and check drafted output against serial output.
+"""The `exactdraft` command: generate text, check drafted output against serial output, and
+serve a model over HTTP (OpenAI and Anthropic APIs).
 
 Invariant: every failure the user can cause (a missing model, a bad argument, an unsupported
 checkpoint) ends the command with a one-line message and a non-zero exit status, never a
-traceback; `check` exits non-zero whenever any drafted case differs from its serial case.
+traceback, and every argument is checked before a model is loaded; `check` exits non-zero
+whenever any drafted case differs from its serial case. A reader that goes away (`| head`)
+ends the command quietly; Ctrl-C during a reply prints what was generated and its summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -22,61 +26,200 @@ DEFAULT_PROMPTS = [
     "List five uses of a hash map.",
     "What is the capital of France? Answer in one word, then give one fact about it.",
 ]
+MODEL_DEFAULT = "the model's generation_config.json, else {}"
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
-def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) -> None:
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="keep the k most likely tokens, 0 = off (default: "
+                             f"{MODEL_DEFAULT.format('0')})")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling threshold in (0, 1] (default: "
+                             f"{MODEL_DEFAULT.format('1.0')})")
+    parser.add_argument("--min-p", type=float, default=None,
+                        help="drop tokens below this fraction of the best one's probability "
+                             f"(default: {MODEL_DEFAULT.format('0.0')})")
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help=f"1 = off (default: {MODEL_DEFAULT.format('1.0')})")
+    parser.add_argument("--max-new-tokens", type=int, default=64 if check else 256,
+                        help=f"most tokens per reply (default: {64 if check else 256})")
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="folder, .gguf file or hub id (default: the bundled SmolLM2)")
-    parser.add_argument("--backend", default="auto", help="auto, torch, mlx, or a registered name")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--backend", default="auto",
+                        help="auto, torch, torch-padded, mlx, or a registered name "
+                             "(default: auto)")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:1, gpu (MLX) ... (default: the backend's choice)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="compute dtype (default: float32, or the backend's choice)")
     parser.add_argument("--drafter", default="lookup",
                         help="lookup, model:PATH (a smaller model with the same vocabulary), "
-                             "or none")
+                             "or none (default: lookup)")
     parser.add_argument("--max-draft", type=int, default=None,
                         help="most drafts per pass (default: 8 for lookup, 4 for a model)")
-    parser.add_argument("--quantized", action="store_true",
-                        help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks (less memory "
-                             "traffic) instead of dequantizing them to float32")
+    parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
+                             "--no-quantized dequantizes them to float32 (default: on)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from exactdraft import __version__
+
     parser = argparse.ArgumentParser(prog="exactdraft", description=(
         "Drafted generation whose output is byte-identical to serial generation."))
+    parser.add_argument("--version", action="version", version=f"exactdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate text, streaming it")
     _model_arguments(generate)
     source = generate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="raw prompt text")
-    source.add_argument("--chat", help="a user message, rendered with the chat template")
-    generate.add_argument("--system", default=None, help="system message for --chat")
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--seed", type=int, default=None)
+    source.add_argument("--prompt", help="raw prompt text (this or --chat is required)")
+    source.add_argument("--chat", help="a user message, rendered with the chat template (this "
+                             "or --prompt is required)")
+    generate.add_argument("--system", default=None,
+                          help="system message for --chat (default: none)")
+    generate.add_argument("--temperature", type=float, default=None,
+                          help="0 = greedy (default: "
+                               f"{MODEL_DEFAULT.format('1.0, the model distribution')})")
+    generate.add_argument("--seed", type=int, default=None,
+                          help="sampling seed, printed in the summary so a reply can be "
+                               "replayed (default: a fresh one)")
+    generate.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                          help="end the reply before this text; repeatable (default: none, "
+                               "the model's stop tokens always apply)")
     _sampling_arguments(generate)
-    generate.add_argument("--no-drafts", action="store_true", help="serial decoding only")
+    generate.add_argument("--no-drafts", action="store_true",
+                          help="serial decoding only (default: off)")
     generate.add_argument("--compare", action="store_true",
-                          help="also run serially and show that the two replies are identical")
+                          help="also run serially and show that the two replies are identical "
+                               "(default: off)")
     check = commands.add_parser("check", help="drafted vs serial, case by case")
     _model_arguments(check)
     check.add_argument("--prompts", default=None,
                        help="a text file with one prompt per line, or .jsonl of strings or "
-                            "chat message lists (default: a built-in set)")
+                            "chat message lists (default: a built-in set of 5)")
     check.add_argument("--raw", action="store_true",
-                       help="use prompts as raw text instead of chat messages")
-    check.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per case")
+                       help="use prompts as raw text instead of chat messages (default: off)")
+    check.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per case (default: 3)")
     check.add_argument("--temperatures", default="0,0.7,1.0",
-                       help="comma-separated temperatures")
-    _sampling_arguments(check)
-    check.set_defaults(max_new_tokens=64)
+                       help="comma-separated temperatures (default: 0,0.7,1.0)")
+    _sampling_arguments(check, check=True)
+    serve = commands.add_parser("serve", help="serve the model over HTTP: OpenAI "
+                                "/v1/chat/completions, /v1/completions, /v1/models and "
+                                "Anthropic /v1/messages (needs exactdraft[server])")
+    _model_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on "
+                       "(default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000,
+                       help="port to listen on, 0 = any free port (default: 8000)")
+    serve.add_argument("--model-name", default=None,
+                       help="the model's name in the APIs (default: the file or folder name)")
+    serve.add_argument("--max-sequences", type=int, default=8,
+                       help="sequences sharing a model pass (default: 8)")
+    serve.add_argument("--max-waiting", type=int, default=64,
+                       help="requests queued beyond those before answering 429 (default: 64)")
+    serve.add_argument("--prefix-cache-mb", type=int, default=256,
+                       help="memory for cached prompt prefixes, 0 = off (default: 256)")
+    serve.add_argument("--prefix-cache-file", default=None,
+                       help="a safetensors file to start the prefix cache from and save it to "
+                            "on shutdown (default: none)")
     return parser
+
+
+def _explicit_sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling settings given on the command line (the others keep the model's)."""
+    names = ("top_k", "top_p", "min_p", "repetition_penalty", "temperature", "seed")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Every check that needs no model, so a typo costs no loading time."""
+    import exactdraft as xd
+    from exactdraft.errors import ParameterError
+
+    xd.SamplingParams(**_explicit_sampling(args))  # raises naming the bad setting
+    if args.command == "serve":
+        validate_serve(args)
+    elif args.max_new_tokens < 0:
+        raise ParameterError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.max_draft is not None and args.max_draft < 1:
+        raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
+    if args.drafter not in ("lookup", "none") and not args.drafter.startswith("model:"):
+        raise ParameterError(f"unknown drafter {args.drafter!r}: use lookup, model:PATH or none")
+    if args.drafter.startswith("model:") and not args.drafter[len("model:"):]:
+        raise ParameterError("--drafter model:PATH needs the draft model's path")
+    if args.model is not None and not os.path.exists(os.path.expanduser(args.model)):
+        from exactdraft.loading.hub import looks_like_hub_id
+
+        if not looks_like_hub_id(args.model):
+            raise xd.CheckpointError(f"no model at {args.model!r}: not a file, a folder or a "
+                                     "hub id")
+    if args.command == "check":
+        if args.seeds < 1:
+            raise ParameterError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.drafter == "none":
+            raise ParameterError("check needs a drafter (lookup or model:PATH)")
+        args.temperature_list = parse_temperatures(args.temperatures)
+        args.prompt_list = read_prompts(args.prompts, raw=True)  # chat or raw: decided later
+    elif args.command == "generate":
+        for text in args.stop:
+            if not text:
+                raise ParameterError("--stop needs a non-empty text")
+
+
+def validate_serve(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    from exactdraft.errors import ParameterError
+
+    for name, low, high in (("port", 0, 65535), ("max_sequences", 1, 1024),
+                            ("max_waiting", 1, 10**6), ("prefix_cache_mb", 0, 10**7)):
+        value = getattr(args, name)
+        if not low <= value <= high:
+            raise ParameterError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got "
+                                 f"{value}")
+    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"serve needs {' and '.join(missing)}: pip install "
+                          "\"exactdraft[server]\"")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from exactdraft.server import serve
+
+    generator = _generator(args)
+    name = args.model_name or ("SmolLM2-135M-Instruct" if args.model is None else
+                               os.path.basename(os.path.normpath(args.model)))
+
+    def ready(bound: tuple[str, int]) -> None:
+        print(f"exactdraft: serving {name} on http://{bound[0]}:{bound[1]}", flush=True)
+
+    serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
+          max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+          prefix_cache_file=args.prefix_cache_file, ready=ready)
+    return 0
+
+
+def parse_temperatures(text: str) -> list[float]:
+    import exactdraft as xd
+    from exactdraft.errors import ParameterError
+
+    values = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            values.append(float(item))
+        except ValueError:
+            raise ParameterError(f"--temperatures: {item.strip()!r} is not a number") from None
+        xd.SamplingParams(temperature=values[-1])
+    if not values:
+        raise ParameterError(f"--temperatures: no temperature in {text!r}")
+    return values
 
 
 def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
@@ -86,10 +229,8 @@ def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
         return None
     if spec == "lookup":
         return xd.PromptLookup(max_draft=max_draft or 8)
-    if spec.startswith("model:"):
-        return xd.DraftModel.from_pretrained(spec[len("model:"):], max_draft=max_draft or 4,
-                                             **options)
-    raise ValueError(f"unknown drafter {spec!r}: use lookup, model:PATH or none")
+    return xd.DraftModel.from_pretrained(spec[len("model:"):], max_draft=max_draft or 4,
+                                         **options)
 
 
 def _generator(args: argparse.Namespace) -> Any:
@@ -102,12 +243,10 @@ def _generator(args: argparse.Namespace) -> Any:
                                         **options)
 
 
-def _sampling(args: argparse.Namespace, temperature: float, seed: int | None) -> Any:
-    import exactdraft as xd
+def _sampling(generator: Any, args: argparse.Namespace, **fixed: Any) -> Any:
+    from dataclasses import replace
 
-    return xd.SamplingParams(temperature=temperature, top_k=args.top_k, top_p=args.top_p,
-                             min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                             seed=seed)
+    return replace(generator.sampling, **{**_explicit_sampling(args), **fixed})
 
 
 def _chat(text: str, system: str | None = None) -> list[dict[str, str]]:
@@ -128,19 +267,30 @@ def summary(result: Any) -> str:
 def run_generate(args: argparse.Namespace) -> int:
     generator = _generator(args)
     prompt = args.prompt if args.prompt is not None else _chat(args.chat, args.system)
-    params = _sampling(args, args.temperature, args.seed)
-    result = None
-    for chunk in generator.stream(prompt, args.max_new_tokens, params,
-                                  drafts=not args.no_drafts):
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
-        result = chunk.result or result
+    params = _sampling(generator, args)
+    stream = generator.stream(prompt, args.max_new_tokens, params, stop=args.stop,
+                              drafts=not args.no_drafts)
+    shown = 0
+    try:
+        for chunk in stream:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            shown += len(chunk.text)
+    except KeyboardInterrupt:
+        stream.close()
+        result = stream.result  # what was committed before the interrupt
+        if result.text:
+            sys.stdout.write(result.text[shown:])  # text held back for a stop string
+        print()
+        print(("drafted " if result.stats.drafting else "") + summary(result), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    result = stream.result
     print()
     print(("drafted " if result.stats.drafting else "") + summary(result), file=sys.stderr)
     if not args.compare:
         return 0
     serial = generator.generate(prompt, args.max_new_tokens, params.with_seed(result.seed),
-                                drafts=False)
+                                stop=args.stop, drafts=False)
     print("serial  " + summary(serial), file=sys.stderr)
     same = serial.tokens == result.tokens
     speedup = (result.stats.tokens_per_second / serial.stats.tokens_per_second
@@ -151,16 +301,29 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def read_prompts(path: str | None, raw: bool) -> list[Any]:
-    if path is None:
-        texts: list[Any] = list(DEFAULT_PROMPTS)
-    elif path.endswith(".jsonl"):
-        with open(path) as handle:
-            texts = [json.loads(line) for line in handle if line.strip()]
-    else:
-        with open(path) as handle:
-            texts = [line.rstrip("\n").replace("\\n", "\n") for line in handle if line.strip()]
+    from exactdraft.errors import ParameterError
+
+    try:
+        if path is None:
+            texts: list[Any] = list(DEFAULT_PROMPTS)
+        elif path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as handle:
+                texts = []
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        try:
+                            texts.append(json.loads(line))
+                        except json.JSONDecodeError as error:
+                            raise ParameterError(f"{path}, line {number}: not JSON "
+                                                 f"({error.msg})") from None
+        else:
+            with open(path, encoding="utf-8") as handle:
+                texts = [line.rstrip("\n").replace("\\n", "\n") for line in handle
+                         if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ParameterError(f"--prompts {path}: cannot be read ({error})") from None
     if not texts:
-        raise ValueError(f"no prompts in {path}")
+        raise ParameterError(f"no prompts in {path}")
     return [t if raw or not isinstance(t, str) else _chat(t) for t in texts]
 
 
@@ -168,13 +331,11 @@ def run_check(args: argparse.Namespace) -> int:
     from exactdraft.check import check_exactness
 
     generator = _generator(args)
-    if generator.drafter is None:
-        raise ValueError("check needs a drafter (lookup or model:PATH)")
-    if generator.tokenizer is None or getattr(generator.tokenizer, "chat_template", None) is None:
-        args.raw = True
-    prompts = read_prompts(args.prompts, args.raw)
-    temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
-    settings = [_sampling(args, t, 0) for t in temperatures]
+    raw = args.raw or generator.tokenizer is None or \
+        getattr(generator.tokenizer, "chat_template", None) is None
+    prompts = [t if raw or not isinstance(t, str) else _chat(t) for t in args.prompt_list]
+    settings = [_sampling(generator, args, temperature=t, seed=0)
+                for t in args.temperature_list]
     report = check_exactness(generator, prompts, range(args.seeds), settings,
                              args.max_new_tokens)
     if report.drafting_note:
@@ -191,17 +352,33 @@ def run_check(args: argparse.Namespace) -> int:
     return 1
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush finds no closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from exactdraft.errors import ExactdraftError
 
     try:
-        return run_generate(args) if args.command == "generate" else run_check(args)
+        validate(args)
+        run = {"generate": run_generate, "check": run_check, "serve": run_serve}[args.command]
+        status = run(args)
+        sys.stdout.flush()  # here, where a reader that went away can still be caught
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except (ExactdraftError, ValueError, OSError, ImportError) as error:
         print(f"exactdraft: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

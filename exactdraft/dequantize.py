@@ -355,6 +355,93 @@ def dequantize_q6_k(data: np.ndarray, depth: int) -> np.ndarray:
     return _run(data, depth, "q6_k", _q6_k)
 
 
+class BlockFields:
+    """A block-quantized matrix as unsigned integer codes and per-group float32 parameters:
+    weight k of a row is `scales[g] * (codes[k] - offset) + minimums[g]` with g = k // group
+    (minimums None: 0), each value exactly the float32 product or sum ggml forms, so rebuilding
+    the weights this way gives dequantize's bits."""
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, minimums: np.ndarray | None,
+                 group: int, offset: int) -> None:
+        self.codes, self.scales, self.minimums = codes, scales, minimums
+        self.group, self.offset = group, offset
+
+    def weights(self) -> np.ndarray:
+        rows, depth = self.codes.shape
+        shaped = (rows, depth // self.group, self.group)
+        signed = (self.codes.astype(np.int16) - self.offset).reshape(shaped)
+        values = self.scales[..., None] * signed.astype(_F32)
+        if self.minimums is not None:
+            values = values + self.minimums[..., None]
+        return values.reshape(rows, depth)
+
+
+def _fields_q8_0(b: np.ndarray) -> tuple:
+    return b[:, 2:34] ^ np.uint8(0x80), _f16(b, 0), None, 32, 128
+
+
+def _fields_q4(b: np.ndarray, minimum: bool) -> tuple:
+    start = 4 if minimum else 2
+    codes = _nibbles(b[:, start:start + 16]).reshape(-1, 32)
+    return codes, _f16(b, 0), _f16(b, 2) if minimum else None, 32, 0 if minimum else 8
+
+
+def _fields_q5(b: np.ndarray, minimum: bool) -> tuple:
+    codes = _five_bit(b, 4, 8) if minimum else _five_bit(b, 2, 6)
+    return codes, _f16(b, 0), _f16(b, 2) if minimum else None, 32, 0 if minimum else 16
+
+
+def _fields_k4(b: np.ndarray, five: bool) -> tuple:
+    n = b.shape[0]
+    sc, mn = _k4_scales(b[:, 4:16])
+    if five:
+        codes = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
+        codes |= _bits(b[:, 16:48], at=4)
+    else:
+        codes = _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
+    scales = _f16(b, 0) * sc.astype(_F32)
+    minimums = -(_f16(b, 2) * mn.astype(_F32))
+    return codes.reshape(n, 256), scales, minimums, 32, 0
+
+
+def _fields_q6_k(b: np.ndarray) -> tuple:
+    n = b.shape[0]
+    scales = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
+    ql = b[:, 0:128].reshape(n, 2, 2, 32)
+    codes = np.empty((n, 2, 4, 32), dtype=np.uint8)
+    np.bitwise_and(ql, 0x0F, out=codes[:, :, 0:2])
+    np.right_shift(ql, 4, out=codes[:, :, 2:4])
+    codes |= _crumbs(b[:, 128:192].reshape(n, 2, 32), at=4)
+    return codes.reshape(n, 256), scales, None, 16, 32
+
+
+_FIELDS = {
+    "q8_0": _fields_q8_0,
+    "q4_0": lambda b: _fields_q4(b, False),
+    "q4_1": lambda b: _fields_q4(b, True),
+    "q5_0": lambda b: _fields_q5(b, False),
+    "q5_1": lambda b: _fields_q5(b, True),
+    "q4_k": lambda b: _fields_k4(b, False),
+    "q5_k": lambda b: _fields_k4(b, True),
+    "q6_k": _fields_q6_k,
+}
+
+
+def block_fields(fmt: str, data: np.ndarray, depth: int) -> BlockFields:
+    """The codes and parameters of a q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k matrix
+    (see BlockFields); q8_0's int8 codes are given as code + 128."""
+    if fmt not in _FIELDS:
+        raise ValueError(f"{fmt}: no field decomposition; known: {', '.join(_FIELDS)}")
+    blocks, rows = _blocks(data, depth, fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes, scales, minimums, group, offset = _FIELDS[fmt](blocks)
+    groups = depth // group
+    return BlockFields(np.ascontiguousarray(codes).reshape(rows, depth),
+                       scales.reshape(rows, groups),
+                       None if minimums is None else minimums.reshape(rows, groups), group,
+                       offset)
+
+
 DEQUANTIZE = {
     "q8_0": dequantize_q8_0,
     "q4_0": dequantize_q4_0,

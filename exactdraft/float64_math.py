@@ -1,4 +1,5 @@
-"""exactdraft's own float64 exp, log, sin and cos: the same bits on every machine.
+"""exactdraft's own float64 exp, log, sin and cos (and the logistic functions composed of
+them): the same bits on every machine.
 
 Invariant: each function is one fixed sequence of IEEE float64 additions, multiplications,
 divisions, roundings to integer and exact scalings by powers of two (frexp, ldexp), with no
@@ -15,6 +16,11 @@ uniforms and scores, rope angles), which docs/SAMPLER.md states as part of the s
             result e ln2_hi + (f - (s (f - R) - e ln2_lo)).
     sin(x), cos(x): k = rint(x 2 / pi), r = ((x - k p1) - k p2) - k p3 (p1 + p2 + p3 = pi / 2 in
             33-bit pieces), Taylor polynomials of degree 17 (sin) and 18 (cos), by quadrant.
+    log1p(u): w = 1 + u; u where w == 1, else log(w) (u / (w - 1)) (the rounding of 1 + u
+            divided back out).
+    sigmoid(x) = 1 / (1 + exp(-x)); softplus(x) = log1p(exp(x)), and x itself above 20 (as
+            torch's softplus); these two have no C twin (the recurrent layers use them on the
+            host, in Python only).
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ COS_TERMS = tuple((-1.0) ** n / float(np.prod(np.arange(1, 2 * n + 1, dtype=np.f
 
 def _horner(z: np.ndarray, terms: tuple[float, ...]) -> np.ndarray:
     total = np.full_like(z, terms[0])
-    for term in terms[1:]:
-        total = total * z + term
+    for term in terms[1:]:  # in place: the same operations, without a new array each
+        np.multiply(total, z, out=total)
+        np.add(total, term, out=total)
     return total
 
 
@@ -115,3 +122,25 @@ def cos(x: np.ndarray | float) -> np.ndarray:
 def power(base: float, y: np.ndarray) -> np.ndarray:
     """base**y for base > 0, elementwise, as exp(y log(base))."""
     return exp(np.asarray(y, dtype=np.float64) * log(base))
+
+
+def log1p(u: np.ndarray | float) -> np.ndarray:
+    """log(1 + u), elementwise, float64, accurate for small u (u > -1)."""
+    u = np.asarray(u, dtype=np.float64)
+    w = 1.0 + u
+    denominator = np.where(w == 1.0, 1.0, w - 1.0)
+    return np.where(w == 1.0, u, log(w) * (u / denominator))
+
+
+def sigmoid(x: np.ndarray | float) -> np.ndarray:
+    """1 / (1 + e**-x), elementwise, float64."""
+    return 1.0 / (1.0 + exp(-np.asarray(x, dtype=np.float64)))
+
+
+SOFTPLUS_LINEAR_ABOVE = 20.0  # torch's softplus threshold: x itself above it
+
+
+def softplus(x: np.ndarray | float) -> np.ndarray:
+    """log(1 + e**x), elementwise, float64; x itself above SOFTPLUS_LINEAR_ABOVE."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x > SOFTPLUS_LINEAR_ABOVE, x, log1p(exp(np.minimum(x, SOFTPLUS_LINEAR_ABOVE))))

@@ -31,6 +31,8 @@ class WeightFormat:
     # The CPU kernels' code for the format (csrc/cpu/formats.h), None where the CPU path
     # widens or dequantizes it at load instead.
     kernel: int | None = None
+    # Whether the CPU kernels multiply it with float activations (the rows/grouped layouts).
+    float_kernel: bool = False
     # Whether the CPU kernels have an integer-dot ("dot" layout) path for it.
     integer_dot: bool = False
     # bits of MLX's affine layout (group 32) that hold the format without changing a value.
@@ -53,20 +55,20 @@ class WeightFormat:
 
 
 _ROWS = (
-    # name, GGUF type, block size, block bytes, kernel, integer dot, affine bits
-    WeightFormat("f32", 0, 1, 4, kernel=0),
+    # name, GGUF type, block size, block bytes, kernel code, float kernel, integer dot, affine
+    WeightFormat("f32", 0, 1, 4, kernel=0, float_kernel=True),
     WeightFormat("f16", 1, 1, 2),
-    WeightFormat("bf16", 30, 1, 2, kernel=1),
-    WeightFormat("q8_0", 8, 32, 34, kernel=2, integer_dot=True, affine_bits=8),
-    WeightFormat("q4_0", 2, 32, 18, kernel=3, integer_dot=True, affine_bits=4),
-    WeightFormat("q4_1", 3, 32, 20, kernel=4, integer_dot=True, affine_bits=4),
-    WeightFormat("q5_0", 6, 32, 22),
-    WeightFormat("q5_1", 7, 32, 24),
+    WeightFormat("bf16", 30, 1, 2, kernel=1, float_kernel=True),
+    WeightFormat("q8_0", 8, 32, 34, 2, True, True, affine_bits=8),
+    WeightFormat("q4_0", 2, 32, 18, 3, True, True, affine_bits=4),
+    WeightFormat("q4_1", 3, 32, 20, 4, True, True, affine_bits=4),
+    WeightFormat("q5_0", 6, 32, 22, 5, integer_dot=True),
+    WeightFormat("q5_1", 7, 32, 24, 6, integer_dot=True),
     WeightFormat("q2_k", 10, 256, 84),
     WeightFormat("q3_k", 11, 256, 110),
-    WeightFormat("q4_k", 12, 256, 144),
-    WeightFormat("q5_k", 13, 256, 176),
-    WeightFormat("q6_k", 14, 256, 210),
+    WeightFormat("q4_k", 12, 256, 144, 7, integer_dot=True),
+    WeightFormat("q5_k", 13, 256, 176, 8, integer_dot=True),
+    WeightFormat("q6_k", 14, 256, 210, 9, integer_dot=True),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
 _BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}
@@ -112,12 +114,7 @@ class QuantizedTensor:
         return FORMATS[self.format]
 
     def stack_rows(self, others: Sequence[Any]) -> Any:
-        parts = [self, *others]
-        if all(isinstance(p, QuantizedTensor) and p.format == self.format
-               and p.shape[1] == self.shape[1] for p in parts):
-            data = np.concatenate([p.data for p in parts], axis=0)
-            return QuantizedTensor(self.format, data, (data.shape[0], self.shape[1]))
-        return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
+        return stack_rows([self, *others])
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K], the values the blocks encode."""
@@ -208,11 +205,58 @@ class AffineQuantizedTensor:
         return dense if dtype is None else dense.astype(dtype)
 
 
+class StackedWeight:
+    """Matrices [N_i, K] of different formats stacked along N (q, k and v stored as q5_0, q5_0
+    and q8_0, say): `parts` in order, each in its own format; as an array, their float32
+    values concatenated."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        depths = {tuple(part.shape)[1] for part in parts}
+        if len(depths) != 1:
+            raise WeightError(f"stacked matrices must share K, got shapes "
+                              f"{[tuple(part.shape) for part in parts]}")
+        self.parts = list(parts)
+        self.shape = (sum(tuple(part.shape)[0] for part in parts), depths.pop())
+
+    def __repr__(self) -> str:
+        return f"StackedWeight({self.parts!r})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        dense = np.concatenate([np.asarray(p, dtype=np.float32) for p in self.parts], axis=0)
+        return dense if dtype is None else dense.astype(dtype)
+
+
+def _format_of(weight: Any) -> str:
+    return weight.format if isinstance(weight, QuantizedTensor) else "f32"
+
+
 def stack_rows(parts: Sequence[Any]) -> Any:
-    """Concatenate weight matrices [N_i, K] along N, keeping a shared block format."""
-    stackable = getattr(parts[0], "stack_rows", None)
-    if stackable is not None:
-        return stackable(parts[1:])
+    """Weight matrices [N_i, K] stacked along N: one matrix where they share a format (blocks
+    concatenated as stored), else a StackedWeight of the runs that do."""
+    if any(isinstance(p, AffineQuantizedTensor) for p in parts):  # MLX layouts: one of them
+        first = parts[0]
+        return first.stack_rows(parts[1:]) if isinstance(first, AffineQuantizedTensor) \
+            else _dense_stack(parts)
+    runs: list[list[Any]] = []
+    for part in parts:
+        if runs and _format_of(runs[-1][-1]) == _format_of(part):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    stacked = [_stack_one_format(run) for run in runs]
+    return stacked[0] if len(stacked) == 1 else StackedWeight(stacked)
+
+
+def _stack_one_format(parts: list[Any]) -> Any:
+    if isinstance(parts[0], QuantizedTensor):
+        if len(parts) == 1:
+            return parts[0]
+        data = np.concatenate([p.data for p in parts], axis=0)
+        return QuantizedTensor(parts[0].format, data, (data.shape[0], parts[0].shape[1]))
+    return _dense_stack(parts)
+
+
+def _dense_stack(parts: Sequence[Any]) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
 
 

@@ -1,89 +1,84 @@
 """Generator: the drafted decoding loop, streaming, stop handling and statistics.
 
 Invariant: for the same prompt, parameters and seed, `generate(..., drafts=True)` commits exactly
-the tokens `generate(..., drafts=False)` commits. Every committed token is the target's own keyed
-sample (the Verifier keeps a draft only when it equals that sample), and every stop condition
-(stop token, stop string, max_new_tokens, context length) is checked token by token on committed
-tokens, so a drafted run stops at the very token where the serial run stops. Drafting runs only
-when the load-time guard has shown, on the loaded weights, that a multi-row pass gives the bits
-of single steps; otherwise the Generator runs serially and says so (or raises when strict).
+the tokens `generate(..., drafts=False)` commits. The loop body is exactdraft.decoding.Decoding
+(shared with the engine, which puts many sequences in one pass): every committed token is the
+target's own keyed sample (the Verifier keeps a draft only when it equals that sample), and every
+stop condition is checked token by token on committed tokens, so a drafted run stops at the very
+token where the serial run stops. Drafting runs only when the load-time guard has shown, on the
+loaded weights, that a multi-row pass gives the bits of single steps; otherwise the Generator
+runs serially and says so (or raises when strict).
+
+Threads: a Generator may be shared. Each step of a generation (drafting, the model pass,
+verification) runs under `Generator.lock`, so concurrent generate and stream calls interleave
+step by step, never inside a step, and each returns exactly what it returns alone; they do not
+run in parallel (an exactdraft.engine.Engine batches them into shared passes instead).
 """
 
 from __future__ import annotations
 
-import time
+import os
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from exactdraft.arguments import (
+    check_component,
+    check_drafter,
+    check_flags,
+    check_pretrained_arguments,
+    stops_with_config,
+)
+from exactdraft.decoding import Chunk, Decoding, GenerationResult, GenerationStats, Run
 from exactdraft.depth import DepthPolicy, measure_pass_costs
-from exactdraft.drafters.base import DraftContext, Drafter
+from exactdraft.drafters.base import Drafter
 from exactdraft.errors import ExactnessError, ParameterError
-from exactdraft.guard import check_row_invariance
+from exactdraft.guard import check_row_invariance, check_tree_invariance
 from exactdraft.models.target import Target
+from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput, encode_prompt
-from exactdraft.sampling import KeyedSampler, SamplingParams
-from exactdraft.stops import StopMatcher
+from exactdraft.sampling import (
+    MAX_TOP_LOGPROBS,
+    SAMPLING_FIELDS,
+    KeyedSampler,
+    SamplingParams,
+    sampling_from,
+)
+from exactdraft.stops import StopMatcher, check_stop_tokens
 from exactdraft.verify import ExactVerifier, Verifier
 
+__all__ = ["Chunk", "GenerationResult", "GenerationStats", "Generator", "Run", "Stream"]
 
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_passes: int = 0
-    target_passes: int = 0  # decode and verify passes after the prefill
-    drafted: int = 0
-    accepted: int = 0
-    prefill_seconds: float = 0.0  # time to first token
-    decode_seconds: float = 0.0
-    drafting: bool = False
-    drafting_note: str | None = None  # why drafting was off, when it was requested
 
-    @property
-    def wall_seconds(self) -> float:
-        return self.prefill_seconds + self.decode_seconds
+class Stream(Iterator[Chunk]):
+    """What Generator.stream returns: the chunks of one generation, in order.
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    Every chunk is the consumer's as soon as it is yielded. If the stream ends early (Ctrl-C
+    inside the loop or in the consumer, an error, or `close()`), `result` still gives what was
+    committed so far, with finish_reason "interrupted"; the Generator stays usable."""
 
-    @property
-    def tokens_per_pass(self) -> float:
-        """Tokens committed per target pass after the first token."""
-        after_first = max(self.generated_tokens - 1, 0)
-        return after_first / self.target_passes if self.target_passes else 0.0
+    def __init__(self, run: Run, chunks: Iterator[Chunk]) -> None:
+        self._run = run
+        self._chunks = chunks
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()  # type: ignore[attr-defined]
 
     @property
-    def tokens_per_second(self) -> float:
-        """Decode speed: tokens after the first one per second of decoding."""
-        after_first = max(self.generated_tokens - 1, 0)
-        return after_first / self.decode_seconds if self.decode_seconds > 0 else 0.0
+    def result(self) -> GenerationResult:
+        """The final result once the last chunk is out, else the result so far."""
+        return self._run.final or self._run.result("interrupted")
 
 
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    text: str | None
-    finish_reason: str  # "stop", "length" or "context"
-    seed: int
-    stats: GenerationStats
-    prompt_tokens: list[int] = field(default_factory=list)
-    stop: int | str | None = None  # the stop token or stop string that ended the run
-
-
-@dataclass
-class Chunk:
-    """One step of a stream: tokens committed in that step and the text they complete."""
-
-    tokens: list[int]
-    text: str
-    result: GenerationResult | None = None  # set on the last chunk
-
-    @property
-    def finish_reason(self) -> str | None:
-        return None if self.result is None else self.result.finish_reason
+_GENERATOR_OPTIONS = ("prefill_chunk", "adaptive_depth", "guard", "sampling", "stop_tokens")
+_DEFAULT_MAX_NEW_TOKENS = 256
 
 
 class Generator:
@@ -92,171 +87,242 @@ class Generator:
     def __init__(self, target: Target, drafter: Drafter | None = None,
                  verifier: Verifier | None = None, sampler: KeyedSampler | None = None,
                  tokenizer: Any | None = None, *, strict: bool = False,
-                 prefill_chunk: int = 512, guard: bool = True,
-                 adaptive_depth: bool = True) -> None:
+                 prefill_chunk: int = 512, guard: bool = True, adaptive_depth: bool = True,
+                 sampling: SamplingParams | Mapping[str, Any] | None = None,
+                 stop_tokens: Sequence[int] | None = None,
+                 progress: bool | None = None) -> None:
         """`guard=False` skips the load-time row-invariance check and drafts regardless; it
         exists for measuring exactness empirically (exactdraft check), not for production.
         `adaptive_depth` verifies only as many drafts as pay off, from verify-pass costs
-        measured on the loaded model and the running acceptance (exactdraft.depth)."""
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) \
-                or prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
+        measured on the loaded model and the running acceptance (exactdraft.depth).
+        `sampling` is the default for generate and stream (SamplingParams(): temperature 1.0,
+        no filters), `stop_tokens` their default stop tokens (the tokenizer's eos and
+        end-of-turn tokens, else the model's eos). `progress` shows the guard's work on stderr:
+        None when stderr is a terminal, True always, False never."""
+        check_component("target", target, ("vocab_size", "max_context", "new_state", "forward",
+                                           "truncate"),
+                        "a model (a Target); to load a checkpoint use "
+                        "Generator.from_pretrained(path)")
+        check_drafter(drafter)
+        check_component("verifier", verifier, ("verify",), "a Verifier such as ExactVerifier()")
+        check_component("sampler", sampler, ("sample", "sample_window"), "a KeyedSampler")
+        check_component("tokenizer", tokenizer, ("encode", "decode"),
+                        "a tokenizer with encode and decode")
+        check_flags(strict=strict, prefill_chunk=prefill_chunk, guard=guard,
+                    adaptive_depth=adaptive_depth, progress=progress)
         self.target = target
         self.drafter = drafter
+        # Held for each step of a generation (the module docstring says what that promises).
+        self.lock = threading.RLock()
         self.verifier = verifier or ExactVerifier()
         self.sampler = sampler or KeyedSampler()
         self.tokenizer = tokenizer
         self.strict = strict
         self.prefill_chunk = prefill_chunk
+        self.sampling = sampling_from(sampling, SamplingParams(), where="Generator")
+        if stop_tokens is None:
+            stop_tokens = getattr(tokenizer, "stop_token_ids", None) or \
+                getattr(target, "eos_token_ids", ())
+        self.stop_tokens = tuple(check_stop_tokens(stop_tokens, target.vocab_size))
         self.drafting_note: str | None = None
-        if drafter is not None:
-            draft_vocab = getattr(drafter, "vocab_size", target.vocab_size)
-            if draft_vocab != target.vocab_size:
-                raise ValueError(f"the drafter's vocabulary ({draft_vocab}) differs from the "
-                                 f"target's ({target.vocab_size})")
-            if guard:
-                self.drafting_note = check_row_invariance(target, drafter.max_draft + 1)
-            if self.drafting_note is not None:
-                message = f"drafting is off, output would not be exact: {self.drafting_note}"
-                if strict:
-                    raise ExactnessError(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
         self.depth_policy: DepthPolicy | None = None
-        if self.drafting_enabled and adaptive_depth:
-            self.depth_policy = DepthPolicy(measure_pass_costs(target, drafter.max_draft + 1))
+        self.max_draft = 0
+        # Whether drafts may be token trees: the drafter proposes them (tree_width > 1) and the
+        # guard proved that a tree pass gives each row the bits of a serial step on its path.
+        self.trees = False
+        self.tree_note: str | None = None  # why trees are off when the drafter proposes them
+        if drafter is None:
+            return
+        draft_vocab = getattr(drafter, "vocab_size", target.vocab_size)
+        if draft_vocab != target.vocab_size:
+            raise ParameterError(f"the drafter's vocabulary ({draft_vocab}) differs from the "
+                                 f"target's ({target.vocab_size})")
+        # Read once: the guard proves windows up to this depth, and no pass goes wider.
+        self.max_draft = drafter.max_draft
+        window = self.max_draft + 1
+        with Progress("preparing drafting", progress) as shown:
+            if guard:
+                shown.phase(f"load-time guard: do {window}-row passes equal single steps?")
+                self.drafting_note = check_row_invariance(target, window)
+            if self.drafting_note is None and getattr(drafter, "tree_width", 1) > 1:
+                if guard:
+                    shown.phase(f"load-time guard: do {self.max_draft}-node token trees "
+                                "equal single steps?")
+                    self.tree_note = check_tree_invariance(target, self.max_draft)
+                elif not getattr(target, "supports_trees", False):
+                    self.tree_note = f"{target!r} cannot verify token trees in one pass"
+                self.trees = self.tree_note is None
+            if self.drafting_note is None and adaptive_depth:
+                shown.phase("measuring verify-pass costs")
+                self.depth_policy = DepthPolicy(measure_pass_costs(target, window))
+        if self.drafting_note is not None:
+            message = f"drafting is off, output would not be exact: {self.drafting_note}"
+            if strict:
+                raise ExactnessError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        elif self.tree_note is not None:
+            warnings.warn(f"token trees are off, drafts are verified as chains: "
+                          f"{self.tree_note}", RuntimeWarning, stacklevel=2)
 
     @property
     def drafting_enabled(self) -> bool:
         return self.drafter is not None and self.drafting_note is None
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str | None = None, backend: Any = "auto",
-                        drafter: Drafter | None = None, *, device: str | None = None,
-                        dtype: str | None = None, max_context: int | None = None,
-                        strict: bool = False, **options: Any) -> Generator:
+    def from_pretrained(cls, path_or_id: str | os.PathLike[str] | None = None,
+                        backend: Any = "auto", drafter: Drafter | None = None, *,
+                        device: str | None = None, dtype: str | None = None,
+                        max_context: int | None = None, strict: bool = False,
+                        progress: bool | None = None, **options: Any) -> Generator:
         """Load a checkpoint (folder, .gguf file or hub id; None = the bundled SmolLM2) and
         build a Generator with its tokenizer. `options` go to the loader (keep_quantized,
         revision, cache_dir, with_tokenizer) or to the Generator (prefill_chunk,
-        adaptive_depth)."""
+        adaptive_depth, guard, sampling, stop_tokens). The checkpoint's generation_config.json,
+        when present, sets the default sampling (unless `sampling` is given) and adds its
+        eos_token_id to the stop tokens. Every argument is checked before anything loads;
+        `progress` shows the loading on stderr (None: when stderr is a terminal)."""
         from exactdraft import pretrained
+        from exactdraft.backends.registry import get_backend
 
-        generator_options = ("prefill_chunk", "adaptive_depth", "guard")
-        pretrained.check_options(options, pretrained.LOADING_OPTIONS + generator_options,
+        pretrained.check_options(options, pretrained.LOADING_OPTIONS + _GENERATOR_OPTIONS,
                                  "from_pretrained")
-        if not isinstance(backend, str) and hasattr(backend, "propose"):
-            raise ParameterError(f"from_pretrained got a drafter ({backend!r}) as `backend`; "
-                                 "pass it as drafter=...")
-        own = {name: options.pop(name) for name in generator_options if name in options}
-        checkpoint = pretrained.load_checkpoint(path_or_id, **options)
-        target = pretrained.build_target(checkpoint, backend, device=device, dtype=dtype,
-                                         max_context=max_context)
+        check_pretrained_arguments(path_or_id, backend, drafter, device, dtype, max_context)
+        own = {name: options.pop(name) for name in _GENERATOR_OPTIONS if name in options}
+        check_flags(strict=strict, progress=progress, **{
+            k: v for k, v in own.items() if k in ("prefill_chunk", "guard", "adaptive_depth")})
+        if "sampling" in own:
+            own["sampling"] = sampling_from(own["sampling"], SamplingParams(),
+                                            where="from_pretrained")
+        if own.get("stop_tokens") is not None:
+            check_stop_tokens(own["stop_tokens"], None)
+        where = "the bundled SmolLM2" if path_or_id is None else \
+            os.path.basename(os.fspath(path_or_id).rstrip("/")) or os.fspath(path_or_id)
+        with Progress(f"loading {where}", progress) as shown:
+            if isinstance(backend, str):
+                shown.phase(f"starting the {backend!r} backend")
+                backend = get_backend(backend, device=device, dtype=dtype)
+            shown.phase("reading the checkpoint")
+            checkpoint = pretrained.load_checkpoint(path_or_id, **options)
+            shown.phase("building the model")
+            target = pretrained.build_target(checkpoint, backend, device=device, dtype=dtype,
+                                             max_context=max_context)
+        config = checkpoint.generation_config
+        if config is not None:
+            source = os.path.join(str(checkpoint.source), "generation_config.json")
+            own.setdefault("sampling", SamplingParams.from_generation_config(config, source))
+            if own.get("stop_tokens") is None:
+                own["stop_tokens"] = stops_with_config(checkpoint.tokenizer, target, config,
+                                                        source)
         return cls(target, drafter=drafter, tokenizer=checkpoint.tokenizer, strict=strict,
-                   **own)
+                   progress=progress, **own)
 
-    def generate(self, prompt: PromptInput, max_new_tokens: int = 256,
-                 sampling: SamplingParams | None = None, *, stop: str | Sequence[str] = (),
-                 stop_tokens: Sequence[int] | None = None, drafts: bool = True) -> GenerationResult:
-        """Generate up to max_new_tokens after the prompt (text, token ids or chat messages).
-        `drafts=False` is the serial reference; the tokens are the same either way."""
+    def generate(self, prompt: PromptInput, max_new_tokens: int | None = None,
+                 sampling: SamplingParams | Mapping[str, Any] | None = None, *,
+                 stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
+                 drafts: bool = True, max_tokens: int | None = None,
+                 logprobs: int | None = None,
+                 temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None,
+                 repetition_penalty: float | None = None,
+                 presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None,
+                 logit_bias: Mapping[int, float] | None = None,
+                 seed: int | None = None) -> GenerationResult:
+        """Generate up to max_new_tokens (default 256; `max_tokens` is the same) after the
+        prompt (text, token ids or chat messages). `drafts=False` is the serial reference; the
+        tokens are the same either way. `logprobs=N` (0..20) puts in `result.logprobs` each
+        token's logprob and the N most probable tokens, from the distribution its draw was
+        made from (after bias, penalties, temperature and filters; see KeyedSampler.logprobs),
+        the same bits drafted or not.
+
+        Sampling is `sampling` (a SamplingParams, or a dict of its fields), or the fields given
+        as keywords (temperature=0.7, top_p=0.9, seed=1, ...), not both; either way, fields not
+        named keep the Generator's default (`self.sampling`: the checkpoint's
+        generation_config.json when it has one, else SamplingParams(), temperature 1.0).
+
+        Every argument is checked before the model runs; a bad one raises ParameterError (or
+        TokenizerError for text) and the Generator stays usable. On Ctrl-C the
+        KeyboardInterrupt propagates and the tokens of this call are dropped, the Generator
+        stays usable; to keep a partial reply, iterate `stream()` and read its `result`."""
+        shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
+        run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
+                           drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
+                           where="generate", **shorthand)
         # Only the final text is needed here, so the per-pass incremental decode is skipped.
-        *_, last = self._run(*self._prepare(prompt, max_new_tokens, sampling, stop, stop_tokens),
-                             drafts, stream_text=False)
-        return last.result
+        for _ in self._chunks(run, stream_text=False):
+            pass
+        return run.final
 
-    def stream(self, prompt: PromptInput, max_new_tokens: int = 256,
-               sampling: SamplingParams | None = None, *, stop: str | Sequence[str] = (),
-               stop_tokens: Sequence[int] | None = None,
-               drafts: bool = True) -> Iterator[Chunk]:
-        """Like generate, yielding the tokens and text committed at each target pass; the last
-        chunk carries the full result. Text that could still grow into a stop string is held
-        back until it cannot."""
-        return self._run(*self._prepare(prompt, max_new_tokens, sampling, stop, stop_tokens),
-                         drafts, stream_text=True)
+    def stream(self, prompt: PromptInput, max_new_tokens: int | None = None,
+               sampling: SamplingParams | Mapping[str, Any] | None = None, *,
+               stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
+               drafts: bool = True, max_tokens: int | None = None, logprobs: int | None = None,
+               temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, min_p: float | None = None,
+               repetition_penalty: float | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None,
+               logit_bias: Mapping[int, float] | None = None,
+               seed: int | None = None) -> Stream:
+        """Like generate (the same arguments, checked before anything runs), yielding the
+        tokens and text committed at each target pass (and their logprobs when asked for); the
+        last chunk carries the full result. Text that could still grow into a stop string is
+        held back until it cannot. A stream cut short (Ctrl-C, close()) keeps what it yielded,
+        and its `result` is the partial result (finish_reason "interrupted")."""
+        shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
+        run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
+                           drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
+                           where="stream", **shorthand)
+        return Stream(run, self._chunks(run, stream_text=True))
 
-    def _prepare(self, prompt: PromptInput, max_new_tokens: int,
-                 sampling: SamplingParams | None, stop: str | Sequence[str],
-                 stop_tokens: Sequence[int] | None
-                 ) -> tuple[list[int], int, SamplingParams, StopMatcher]:
-        """Checked prompt ids, max_new_tokens, parameters with a seed, and the stop matcher."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-                or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        params = (sampling or SamplingParams()).with_seed()
-        prompt_ids = encode_prompt(prompt, self.tokenizer, self.target.vocab_size)
+    def prepare(self, prompt: PromptInput, max_new_tokens: int | None = None,
+                sampling: SamplingParams | Mapping[str, Any] | None = None, *,
+                stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
+                drafts: bool = True, max_tokens: int | None = None,
+                logprobs: int | None = None, where: str = "generate",
+                **shorthand: Any) -> Run:
+        """A checked request that has not run yet: generate's arguments (sampling fields as
+        keywords in `shorthand`), every one checked, the seed resolved. Raises ParameterError
+        (TokenizerError for text) naming the argument; nothing runs."""
+        if max_new_tokens is not None and max_tokens is not None:
+            raise ParameterError(f"{where}() got both max_new_tokens= and max_tokens= (the "
+                                 "same setting); pass one")
+        limit = max_tokens if max_new_tokens is None else max_new_tokens
+        limit = _DEFAULT_MAX_NEW_TOKENS if limit is None else limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            name = "max_tokens" if max_tokens is not None else "max_new_tokens"
+            raise ParameterError(f"{name} must be an integer >= 0, got {limit!r}")
+        if drafts not in (True, False):
+            raise ParameterError(f"drafts must be True or False, got {drafts!r}")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ParameterError(f"logprobs must be None or an integer in "
+                                 f"[0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+        params = sampling_from(sampling, self.sampling, shorthand, where).with_seed()
+        vocab = self.target.vocab_size
+        for token in params.logit_bias:
+            if token >= vocab:
+                raise ParameterError(f"logit_bias token id {token} is outside the vocabulary "
+                                     f"[0, {vocab})")
+        prompt_ids = encode_prompt(prompt, self.tokenizer, vocab)
         if len(prompt_ids) >= self.target.max_context:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, which leaves no room in "
-                             f"the model's context of {self.target.max_context}")
-        if stop_tokens is None:
-            stop_tokens = getattr(self.tokenizer, "stop_token_ids", None) or \
-                self.target.eos_token_ids
-        return prompt_ids, max_new_tokens, params, StopMatcher(stop, stop_tokens, self.tokenizer)
+            raise ParameterError(f"the prompt has {len(prompt_ids)} tokens, which leaves no "
+                                 f"room in the model's context of {self.target.max_context}")
+        stops = StopMatcher(stop, self.stop_tokens if stop_tokens is None else stop_tokens,
+                            self.tokenizer, vocab)
+        return Run(prompt_ids, params, stops, limit, bool(drafts), logprobs)
 
-    def _run(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-             stops: StopMatcher, use_drafts: bool, stream_text: bool) -> Iterator[Chunk]:
-        target, sampler = self.target, self.sampler
-        n_prompt = len(prompt_ids)
-        drafter = self.drafter if use_drafts and self.drafting_enabled else None
-        stats = GenerationStats(prompt_tokens=n_prompt, drafting=drafter is not None,
-                                drafting_note=self.drafting_note if use_drafts else None)
-        sequence = list(prompt_ids)
-        output: list[int] = []
-        # Timings cover the model's work only, not the time a stream's consumer holds a chunk.
-
-        def result(reason: str) -> GenerationResult:
-            stats.generated_tokens = len(output)
-            return GenerationResult(tokens=list(output), text=stops.final_text(output),
-                                    finish_reason=reason, seed=params.seed, stats=stats,
-                                    prompt_tokens=prompt_ids, stop=stops.matched)
-
-        if max_new_tokens == 0:
-            yield Chunk(tokens=[], text="", result=result("length"))
-            return
-        clock = time.perf_counter()
-        state = target.new_state()
-        for begin in range(0, n_prompt, self.prefill_chunk):
-            logits = target.forward(state, prompt_ids[begin:begin + self.prefill_chunk])
-            stats.prefill_passes += 1
-        pending = [sampler.sample(logits[-1], params, pos=n_prompt, history=sequence,
-                                  n_prompt=n_prompt)]
-        stats.prefill_seconds = time.perf_counter() - clock
-        policy = self.depth_policy if drafter is not None else None
-        if drafter is not None:
-            drafter.begin(prompt_ids, DraftContext(params, sampler, n_prompt))
-        if policy is not None:
-            policy.reset()
-        while True:
-            committed, reason = [], None
-            for token in pending:
-                sequence.append(token)
-                output.append(token)
-                committed.append(token)
-                reason = stops.check(output)
-                if reason is None and len(output) == max_new_tokens:
-                    reason = "length"
-                if reason is None and len(sequence) == target.max_context:
-                    reason = "context"
-                if reason is not None:
-                    break
-            if reason is not None:
-                text = stops.new_text(output, final=True) if stream_text else ""
-                yield Chunk(tokens=committed, text=text, result=result(reason))
-                return
-            yield Chunk(tokens=committed, text=stops.new_text(output) if stream_text else "")
-            clock = time.perf_counter()
-            limit = min(max_new_tokens - len(output), target.max_context - len(sequence)) - 1
-            if policy is not None:
-                limit = policy.depth(limit)
-            proposed: list[int] = []
-            if drafter is not None and limit > 0:
-                proposed = [int(t) for t in drafter.propose(sequence, limit)[:limit]]
-            verdict = self.verifier.verify(target, state, proposed, sampler=sampler,
-                                           params=params, history=sequence, n_prompt=n_prompt)
-            stats.target_passes += 1
-            if proposed:
-                stats.drafted += len(proposed)
-                stats.accepted += verdict.accepted
-                drafter.accepted(len(proposed), verdict.accepted)
-            if policy is not None:
-                policy.record(len(proposed), verdict.accepted)
-            pending = [*proposed[:verdict.accepted], verdict.token]
-            stats.decode_seconds += time.perf_counter() - clock
+    def _chunks(self, run: Run, stream_text: bool) -> Iterator[Chunk]:
+        """One sequence, one pass at a time; each step runs under the lock."""
+        decoding = Decoding(self, run, stream_text)
+        while not decoding.finished:
+            with self.lock:
+                tokens = decoding.plan(trees=self.trees)
+                if decoding.parents is not None:
+                    logits = self.target.forward_tree(decoding.state, tokens, decoding.parents)
+                elif tokens:
+                    logits = self.target.forward(decoding.state, tokens, rows=decoding.rows)
+                else:
+                    logits = None
+                chunk = decoding.advance(logits)
+            if chunk is not None:
+                yield chunk

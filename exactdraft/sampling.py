@@ -11,19 +11,28 @@ reference the definition is written against. When the C extension exactdraft._sa
 built, KeyedSampler runs steps 3-9 there instead (exactdraft.sampling_native): it calls the same
 C library exp and log as the math module, so it decides those cases exactly with no fallback,
 and it returns the same tokens.
+
+Logprobs (`KeyedSampler.logprobs`) describe the distribution the draw is made from: after bias
+and penalties (step 2), temperature (step 6) and the top-k, top-p and min-p filters (steps 5,
+7, 8); a token the filters drop has logprob -inf. Greedy draws (temperature 0) take the argmax
+of that processed row, and their logprobs are of softmax(processed row), temperature 1, no
+filter. They are a pure function of the same inputs as the token, so equal rows give equal
+logprobs, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from exactdraft import float64_math, sampling_native
+from exactdraft.errors import ParameterError
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _POSITION_MULTIPLIER = 0xD1B54A32D192ED03
@@ -75,9 +84,22 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+# Bias and additive penalties are bounded so that no processed logit can overflow float64 on
+# its way to the draw: -1e9 bans a token as surely as -inf would (exp(-1e9) is 0).
+BIAS_LIMIT = 1e9
+# repetition_penalty multiplies or divides a logit: bounded for the same reason.
+REPETITION_PENALTY_RANGE = (1e-9, 1e9)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How a token is drawn from a logits row. Checked on construction; see SAMPLER.md."""
+    """How a token is drawn from a logits row. Checked on construction; see SAMPLER.md.
+
+    The defaults are the model's own distribution: temperature 1.0 and no filter, bias or
+    penalty (temperature 0 is greedy). `seed=None` draws a fresh seed per generation, reported
+    in the result so the run can be replayed. Values are bounded so that no processed logit
+    can overflow: logit_bias values and presence/frequency penalties lie in [-1e9, 1e9],
+    repetition_penalty in [1e-9, 1e9]. Errors are ParameterErrors naming the field."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -90,42 +112,82 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        def number(name: str) -> float:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+        def number(name: str, value: Any = None, what: str | None = None) -> float:
+            value = getattr(self, name) if what is None else value
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating,
+                                                                 np.integer)) \
                     or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
+                raise ParameterError(f"{what or name} must be a finite number, got {value!r}")
             return float(value)
 
+        def bounded(name: str, value: Any = None, what: str | None = None) -> float:
+            checked = number(name, value, what)
+            if abs(checked) > BIAS_LIMIT:
+                raise ParameterError(f"{what or name} must lie in [-{BIAS_LIMIT:g}, "
+                                     f"{BIAS_LIMIT:g}], got {checked!r}")
+            return checked
+
         if number("temperature") < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ParameterError(f"temperature must be >= 0 (0 = greedy), got "
+                                 f"{self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) \
+                or self.top_k < 0:
+            raise ParameterError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not 0 < number("top_p") <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not 0 <= number("min_p") <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if number("repetition_penalty") <= 0:
-            raise ValueError(
-                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
-        number("presence_penalty")
-        number("frequency_penalty")
+            raise ParameterError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= number("repetition_penalty") <= high:
+            raise ParameterError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = off), "
+                                 f"got {self.repetition_penalty!r}")
+        bounded("presence_penalty")
+        bounded("frequency_penalty")
+        if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
+            raise ParameterError(f"logit_bias must be a dict of token id -> bias, got "
+                                 f"{type(self.logit_bias).__name__} {self.logit_bias!r}")
         bias = dict(self.logit_bias or {})
         for token, value in bias.items():
             if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
-                raise ValueError(f"logit_bias key must be a token id >= 0, got {token!r}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                raise ValueError(f"logit_bias[{token}] must be a finite number, got {value!r}")
+                raise ParameterError(f"logit_bias key must be a token id >= 0, got {token!r}")
+            bounded("logit_bias", value, f"logit_bias[{token}]")
         object.__setattr__(self, "logit_bias", {int(t): float(v) for t, v in bias.items()})
+        object.__setattr__(self, "top_k", int(self.top_k))
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):  # numpy scalars become Python floats (JSON-safe)
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.seed is not None and (isinstance(self.seed, bool) or
                                       not isinstance(self.seed, (int, np.integer)) or
                                       not 0 <= self.seed <= _MASK):
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise ParameterError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
 
     @classmethod
     def greedy(cls) -> SamplingParams:
         return cls(temperature=0.0)
+
+    @classmethod
+    def from_generation_config(cls, config: Mapping[str, Any] | None,
+                               source: str = "generation_config.json") -> SamplingParams:
+        """The defaults a checkpoint's generation_config.json asks for: its temperature,
+        top_k, top_p, min_p and repetition_penalty over SamplingParams(), and greedy when it
+        says do_sample: false. A value exactdraft cannot use is warned about and skipped."""
+        params = cls()
+        if not isinstance(config, Mapping):
+            return params
+        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"):
+            value = config.get(name)
+            if value is None:
+                continue
+            try:
+                params = replace(params, **{name: value})
+            except ParameterError as error:
+                warnings.warn(f"{source}: ignoring {name}: {error}", RuntimeWarning,
+                              stacklevel=2)
+        if config.get("do_sample") is False:
+            params = replace(params, temperature=0.0)
+        return params
 
     def with_seed(self, seed: int | None = None) -> SamplingParams:
         """A copy with this seed, or with a fresh OS seed when none is given or set."""
@@ -137,6 +199,47 @@ class SamplingParams:
     def uses_history(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
+def sampling_from(sampling: SamplingParams | Mapping[str, Any] | None, default: SamplingParams,
+                  shorthand: Mapping[str, Any] | None = None,
+                  where: str = "generate") -> SamplingParams:
+    """The parameters of one call. `sampling` is a SamplingParams (used as it is) or a dict of
+    its fields (applied over `default`); `shorthand` holds fields passed one by one as keyword
+    arguments (None = not given), also applied over `default`. Passing both is refused."""
+    given = {name: value for name, value in (shorthand or {}).items() if value is not None}
+    if sampling is not None and given:
+        named = ", ".join(f"{name}=" for name in given)
+        raise ParameterError(f"{where}() got both sampling= and {named}; pass the settings "
+                             "one way: sampling=SamplingParams(...) or the keywords alone")
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    if sampling is not None:
+        if not isinstance(sampling, Mapping):
+            raise ParameterError(f"{where}(): sampling must be a SamplingParams or a dict of "
+                                 f"its fields, got {type(sampling).__name__} {sampling!r}")
+        given = dict(sampling)
+    for name in given:
+        if name not in SAMPLING_FIELDS:
+            raise ParameterError(f"{where}(): unknown sampling setting {name!r}; valid "
+                                 f"settings: {', '.join(SAMPLING_FIELDS)}")
+    return replace(default, **given) if given else default
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability and the most probable tokens with theirs (most
+    probable first, ties to the lower id), in the distribution its draw was made from."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+MAX_TOP_LOGPROBS = 20
 
 
 class KeyedSampler:
@@ -173,7 +276,7 @@ class KeyedSampler:
             raise ValueError(f"{rows.shape[0]} rows need {rows.shape[0] - 1} drafts, "
                              f"got {len(drafts)}")
         if params.temperature > 0 and params.seed is None:
-            raise ValueError("params.seed is None: resolve one first with params.with_seed()")
+            raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
         past = np.asarray(history, dtype=np.int64)
         n_prompt = len(past) if n_prompt is None else n_prompt
         if not 0 <= n_prompt <= len(past):
@@ -198,6 +301,40 @@ class KeyedSampler:
                 break
         return tokens
 
+    def logprobs(self, logits_row: np.ndarray, params: SamplingParams, *, token: int,
+                 history: Sequence[int], n_prompt: int, top: int = 0) -> TokenLogprob:
+        """`token`'s logprob and the `top` most probable tokens (0..MAX_TOP_LOGPROBS) in the
+        distribution `sample` draws from for this row (the module docstring says which)."""
+        if isinstance(top, bool) or not isinstance(top, int) or \
+                not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise ParameterError(f"top logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                 f"got {top!r}")
+        x = self.processed(logits_row, params, np.asarray(history, dtype=np.int64), n_prompt)
+        filtered = params.temperature > 0 and (0 < params.top_k < x.size or
+                                               params.top_p < 1.0 or params.min_p > 0)
+        if filtered:
+            ids, s = _candidates(x, params, below=math.inf)
+        else:
+            ids = np.arange(x.size)
+            s = x / params.temperature if params.temperature > 0 else x
+        best = s.max()
+        logp = s - (best + float(float64_math.log(np.sum(float64_math.exp(s - best)))))
+        where = np.flatnonzero(ids == token)
+        if where.size == 0:
+            raise ValueError(f"token {token} is not in the distribution its draw was made from")
+        chosen = float(logp[where[0]])
+        if top == 0:
+            return TokenLogprob(int(token), chosen)
+        if not filtered:  # ids ascending: the `top` best by (logp descending, id ascending)
+            count = min(top, logp.size)
+            cut = np.partition(logp, logp.size - count)[logp.size - count]
+            near = np.flatnonzero(logp >= cut)
+            best_ids = near[np.lexsort((near, -logp[near]))][:top]
+        else:  # already in (x descending, id ascending) order, which is logp's order
+            best_ids = np.arange(min(top, ids.size))
+        pairs = tuple((int(ids[i]), float(logp[i])) for i in best_ids if np.isfinite(logp[i]))
+        return TokenLogprob(int(token), chosen, pairs)
+
     def processed(self, row: np.ndarray, params: SamplingParams, history: np.ndarray,
                   n_prompt: int) -> np.ndarray:
         """Step 2 of the draw: the float64 logits after bias and penalties."""
@@ -210,7 +347,7 @@ class KeyedSampler:
         if params.logit_bias:
             ids = np.fromiter(params.logit_bias, dtype=np.int64)
             if ids.max() >= vocab:
-                raise ValueError(f"logit_bias token id {int(ids.max())} is outside the "
+                raise ParameterError(f"logit_bias token id {int(ids.max())} is outside the "
                                  f"vocabulary [0, {vocab})")
             x[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float64)
         if params.repetition_penalty != 1.0 and history.size:
@@ -231,14 +368,16 @@ def _accept_while_equal(samples: list[int], drafts: Sequence[int]) -> list[int]:
     return samples
 
 
-def _candidates(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def _candidates(x: np.ndarray, params: SamplingParams,
+                below: float = _IRRELEVANT_BELOW) -> tuple[np.ndarray, np.ndarray]:
     """Steps 4-8: the kept candidates in (x descending, id ascending) order and their scaled
-    scores s, leaving out only candidates that provably neither win nor move a top-p sum."""
+    scores s, leaving out only candidates that provably neither win nor move a top-p sum (more
+    than `below` under the best score; math.inf keeps every candidate the filters keep)."""
     scaled = x / params.temperature
     best = scaled.max()
     if not math.isfinite(best):
         raise ValueError(f"logits row has no finite maximum after processing (max {best})")
-    ids = np.flatnonzero(scaled >= best - _IRRELEVANT_BELOW)
+    ids = np.flatnonzero(scaled >= best - below)
     # Stable sort on descending x keeps ascending ids among equal values.
     order = ids[np.argsort(-x[ids], kind="stable")]
     if 0 < params.top_k < order.size:

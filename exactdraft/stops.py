@@ -12,21 +12,46 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from exactdraft.errors import ParameterError
+from exactdraft.prompts import check_text
+
 _INCOMPLETE = "\ufffd"
+
+
+def check_stop_tokens(stop_tokens: Sequence[int], vocab_size: int | None) -> list[int]:
+    """The stop token ids as ints, each checked to be an id inside the vocabulary."""
+    if isinstance(stop_tokens, (str, bytes, int, np.integer)) or \
+            not isinstance(stop_tokens, (Sequence, set, frozenset, np.ndarray)):
+        raise ParameterError(f"stop_tokens must be a list of token ids, got "
+                             f"{type(stop_tokens).__name__} {stop_tokens!r}")
+    tokens = list(stop_tokens)
+    for value in tokens:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ParameterError(f"stop token {value!r} is not a token id")
+        if value < 0 or (vocab_size is not None and value >= vocab_size):
+            bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+            raise ParameterError(f"stop token id {value} is outside the vocabulary {bound}")
+    return [int(t) for t in tokens]
 
 
 class StopMatcher:
     def __init__(self, stop_strings: str | Sequence[str], stop_tokens: Sequence[int],
-                 tokenizer: Any | None) -> None:
+                 tokenizer: Any | None, vocab_size: int | None = None) -> None:
+        if stop_strings is not None and not isinstance(stop_strings, (str, Sequence)):
+            raise ParameterError(f"stop must be a str or a list of str, got "
+                                 f"{type(stop_strings).__name__} {stop_strings!r}")
         strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or ())
         for value in strings:
             if not isinstance(value, str) or not value:
-                raise ValueError(f"a stop string must be a non-empty str, got {value!r}")
+                raise ParameterError(f"a stop string must be a non-empty str, got {value!r}")
+            check_text(value, f"stop string {value!r}")
         if strings and tokenizer is None:
-            raise ValueError("stop strings need a tokenizer to decode text; pass stop_tokens "
-                             "or build the Generator with a tokenizer")
+            raise ParameterError("stop strings need a tokenizer to decode text; pass "
+                                 "stop_tokens or build the Generator with a tokenizer")
         self.strings = strings
-        self.tokens = {int(t) for t in stop_tokens}
+        self.tokens = set(check_stop_tokens(stop_tokens, vocab_size))
         self.tokenizer = tokenizer
         self.matched: int | str | None = None
         self._text_end: int | None = None  # where the final text is cut (stop string start)

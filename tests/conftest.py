@@ -14,6 +14,8 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.hybrid_checkpoints import hybrid_checkpoints, hybrid_targets  # noqa: E402, F401
+
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -35,6 +37,13 @@ VARIANTS = {
     "qwen2-window": dict(model_type="qwen2", use_sliding_window=True, sliding_window=16,
                          max_window_layers=1),
     "qwen3": dict(model_type="qwen3", head_dim=32),
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=32,
+                   sliding_window=12, layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                       "rope_theta": 1000000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0}},
+                   tie_word_embeddings=True),
 }
 
 
@@ -152,3 +161,76 @@ def draft_target(tiny_checkpoints, tmp_path_factory):
     folder = perturbed_copy(tiny_checkpoints["llama"], str(tmp_path_factory.mktemp("draft")),
                             scale=0.08)
     return build_target(load_checkpoint(folder), "torch")
+
+
+KNIFE_EDGE_PAIRS = ((40, 41), (42, 43))
+
+
+def knife_edge_copy(folder: str, destination: str, seed: int = 0) -> str:
+    """A copy of the tiny llama checkpoint whose greedy choice is decided by the last bits of
+    its logits. lm_head rows 40 and 41 are a random vector v and v with each weight moved by at
+    most one ulp, rows 42 and 43 the same for -v, and every other row is shrunk 100-fold, so
+    the largest logit is almost always one of a pair that differ by rounding noise: a hidden
+    state that changes in its last bits flips tokens, and drafted-vs-serial comparisons of
+    tokens alone can see ulp-level non-invariance (at temperature 0)."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(folder, destination, dirs_exist_ok=True)
+    path = os.path.join(destination, "model.safetensors")
+    tensors = load_file(path)
+    head = tensors["lm_head.weight"] * np.float32(0.01)
+    rng = np.random.default_rng(seed)
+    direction = rng.standard_normal(head.shape[1]).astype(np.float32)
+
+    def nudged(row: np.ndarray) -> np.ndarray:
+        steps = rng.integers(-1, 2, row.shape)
+        return np.where(steps > 0, np.nextafter(row, np.float32(np.inf)),
+                        np.where(steps < 0, np.nextafter(row, np.float32(-np.inf)), row))
+
+    for (first, second), sign in zip(KNIFE_EDGE_PAIRS, (1, -1)):
+        head[first] = sign * direction
+        head[second] = nudged(sign * direction)
+    tensors["lm_head.weight"] = head
+    save_file(tensors, path)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def knife_edge_checkpoint(tiny_checkpoints, tmp_path_factory) -> str:
+    """See knife_edge_copy."""
+    return knife_edge_copy(tiny_checkpoints["llama"], str(tmp_path_factory.mktemp("knife")))
+
+
+@pytest.fixture(scope="session")
+def _inexact_target_cache(tiny_checkpoints):
+    from exactdraft.pretrained import build_target, load_checkpoint
+    from tests.inexact import InexactTorchBackend
+
+    built = {}
+
+    def get(variant: str = "llama", **options):
+        key = (variant, tuple(sorted(options.items())))
+        if key not in built:
+            built[key] = build_target(load_checkpoint(tiny_checkpoints[variant]),
+                                      InexactTorchBackend(), **options)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture
+def inexact_targets(_inexact_target_cache):
+    """variant name (and build_target options) -> model on tests/inexact.py's
+    InexactTorchBackend (realistic ulp-level non-invariance), built on first use; for negative
+    controls, with Generator(guard=False). torch runs on one thread meanwhile: its row-count
+    dependence is the same on one thread, and its two-thread runs of these tiny ops were
+    measured 10 to 20 times slower on a 2-core machine with other load."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield _inexact_target_cache
+    torch.set_num_threads(threads)

@@ -7,9 +7,10 @@ from exactdraft.backends.torch_backend import TorchBackend
 
 class InexactTorchBackend(TorchBackend):
     """Matmuls without row padding (so M = 1..3 and M >= 4 take different MKL paths) and
-    torch's scaled_dot_product_attention; rows of a multi-row pass get other bits. With
+    torch's scaled_dot_product_attention; rows of a multi-row pass get other bits, by ulps:
+    the realistic failure, which the suite's negative controls use (tests/README.md). With
     `coarse=True` multi-row products are also scaled by a factor that grows with the row count,
-    a caricature of a kernel that changes with M, large enough to flip tokens in short runs."""
+    a caricature of a kernel that changes with M; no negative control should need it."""
 
     name = "torch-inexact"
 

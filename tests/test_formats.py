@@ -12,11 +12,13 @@ from exactdraft.kernels import cpu
 
 @pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels: {cpu.unavailable_reason()}")
 def test_the_c_kernels_carry_the_same_format_rows():
-    python_side = {(row.kernel, row.name, row.block_size, row.block_bytes)
-                   for row in FORMATS.values() if row.kernel is not None}
-    assert set(cpu.format_table()) == python_side
+    python_side = {(row.kernel, row.name, row.block_size, row.block_bytes, row.float_kernel,
+                    row.integer_dot) for row in FORMATS.values() if row.kernel is not None}
+    c_side = {(code, name, block, size, bool(float_kernel), dot > 0)
+              for code, name, block, size, float_kernel, dot in cpu.format_table()}
+    assert c_side == python_side
     # Control: the comparison sees a changed fact.
-    assert {(k, n, b, 1 + size) for k, n, b, size in cpu.format_table()} != python_side
+    assert {(k, n, b, 1 + size, f, d) for k, n, b, size, f, d in c_side} != python_side
 
 
 def test_gguf_type_ids_match_the_gguf_package():

@@ -1,13 +1,20 @@
-"""Drafted generation equals serial generation, token for token, across the sampling space."""
+"""Drafted generation equals serial generation, token for token, across the sampling space.
+
+Every end-to-end check below compares more than tokens: through tests/exactness.py it compares
+the bytes of the logits row behind each committed token in the drafted and the serial run, and
+it fails if drafting was off or no draft was kept. Each check is a function of the target it
+runs on; the negative controls at the end run the same functions on InexactTorchBackend (with
+the guard off, so drafting runs) and show that each one fails there.
+"""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactdraft as xd
+from tests.exactness import ExactnessCheck, OracleDrafter, recording_rows
 from tests.text_tokenizer import PieceTokenizer
 
 TEMPERATURES = [0.0, 0.3, 0.7, 1.0, 1.5]
@@ -27,83 +34,150 @@ PROMPTS = [
     list(range(60, 90)) + list(range(60, 70)),
 ]
 SEEDS = range(20)
+FAMILIES = ["llama-tied", "llama3-rope", "mistral", "qwen2", "qwen2-window", "qwen3"]
 
 
-class OracleDrafter:
-    """Proposes a known continuation with some tokens deliberately wrong, so verification sees
-    long accepted runs, mismatches at every depth, and bonus tokens."""
+# -- the checks, each a function of the target (and drafting model) it runs on -----------------
 
-    def __init__(self, continuation: list[int], max_draft: int, error_rate: float, seed: int):
-        self.continuation = continuation
-        self.max_draft = max_draft
-        self.error_rate = error_rate
-        self.rng = np.random.default_rng(seed)
-        self.n_prompt = 0
+def sampling_grid(target, draft, guard, temperature, filter_name,
+                  seeds=SEEDS) -> ExactnessCheck:
+    """Seeds x {prompt lookup, suffix, draft model} at depths 1..8 for one setting."""
+    serial = xd.Generator(target)
+    check = ExactnessCheck()
+    for seed in seeds:
+        params = xd.SamplingParams(temperature=temperature, seed=seed, **FILTERS[filter_name])
+        prompt = PROMPTS[seed % len(PROMPTS)]
+        depth = 1 + seed % 8
+        reference = check.serial_run(serial, prompt, 24, params, stop_tokens=[])
+        assert len(reference[0].tokens) == 24
+        # Fixed depth: the adaptive policy (tests/test_depth.py) would tie the counts of kept
+        # and rejected drafts to timings.
+        for drafter in (xd.PromptLookup(max_draft=depth, min_match=1),
+                        xd.SuffixDrafter(max_draft=depth, min_match=1,
+                                         speculation_factor=2.0),
+                        xd.DraftModel(draft, max_draft=depth)):
+            generator = xd.Generator(target, drafter, adaptive_depth=False, guard=guard)
+            drafted, _ = check.compare(generator, prompt, 24, params, reference=reference,
+                                       stop_tokens=[], label=f"{drafter!r} seed {seed}")
+            assert drafted.seed == seed
+    return check
 
-    def begin(self, prompt, context):
-        self.n_prompt = len(prompt)
 
-    def propose(self, sequence, limit):
-        done = len(sequence) - self.n_prompt
-        guess = list(self.continuation[done:done + limit])
-        for i in range(len(guess)):
-            if self.rng.random() < self.error_rate:
-                guess[i] = int(self.rng.integers(0, 128))
-        return guess
+def every_family(target, guard, temperatures=(0.0, 0.7, 1.5), seeds=range(4)) -> ExactnessCheck:
+    serial = xd.Generator(target)
+    lookup = xd.Generator(target, xd.PromptLookup(max_draft=5, min_match=1), guard=guard)
+    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=3), guard=guard)
+    # One suffix drafter for all runs, so later runs also draft from earlier outputs.
+    suffix = xd.Generator(target, xd.SuffixDrafter(max_draft=4, min_match=1), guard=guard)
+    check = ExactnessCheck()
+    for temperature in temperatures:
+        for seed in seeds:
+            params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=seed)
+            prompt = PROMPTS[seed] * 2  # long enough to pass the sliding windows
+            reference = check.serial_run(serial, prompt, 30, params, stop_tokens=[])
+            for generator in (lookup, suffix, self_drafted):
+                check.compare(generator, prompt, 30, params, reference=reference,
+                              stop_tokens=[],
+                              label=f"{generator.drafter!r} t={temperature} seed {seed}")
+    return check
 
-    def accepted(self, proposed, accepted):
-        pass
+
+def oracle_drafts(target, guard, temperature, top_k, top_p, min_p, repetition, presence,
+                  frequency, seed, depth, error_rate, prompt, max_new
+                  ) -> tuple[ExactnessCheck, int]:
+    """The check and the number of tokens the run wrote."""
+    params = xd.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               repetition_penalty=repetition, presence_penalty=presence,
+                               frequency_penalty=frequency, seed=seed)
+    serial = xd.Generator(target)
+    expected = serial.generate(prompt, max_new, params)
+    oracle = OracleDrafter(expected.tokens, depth, error_rate, seed % 1000)
+    generator = xd.Generator(target, oracle, adaptive_depth=False, guard=guard)
+    check = ExactnessCheck()
+    drafted, _ = check.compare(generator, prompt, max_new, params, serial=serial)
+    stats = drafted.stats
+    # Every pass commits its kept drafts and one token of the target's own.
+    assert stats.target_passes <= len(drafted.tokens) - 1 <= stats.target_passes + stats.accepted
+    return check, len(drafted.tokens)
 
 
-@pytest.fixture(scope="module")
-def generators(tiny_targets, draft_target):
-    target = tiny_targets["llama"]
-    built = {"serial": xd.Generator(target)}
-    for depth in range(1, 9):
-        # Fixed depth: these tests count kept and rejected drafts, which the adaptive policy
-        # (tested in tests/test_depth.py) would tie to timings.
-        built["lookup", depth] = xd.Generator(
-            target, xd.PromptLookup(max_draft=depth, min_match=1), adaptive_depth=False)
-        built["model", depth] = xd.Generator(
-            target, xd.DraftModel(draft_target, max_draft=depth), adaptive_depth=False)
-    return built
+def stop_token(target, guard) -> ExactnessCheck:
+    params = xd.SamplingParams(temperature=1.0, seed=11)
+    serial = xd.Generator(target)
+    unstopped = serial.generate(PROMPTS[0], 80, params, stop_tokens=[])
+    token = unstopped.tokens[17]
+    first = unstopped.tokens.index(token)
+    oracle = OracleDrafter(unstopped.tokens, 8, 0.0, 0)
+    generator = xd.Generator(target, oracle, guard=guard)
+    check = ExactnessCheck()
+    drafted, reference = check.compare(generator, PROMPTS[0], 80, params, serial=serial,
+                                       stop_tokens=[token])
+    for result in (drafted, reference):
+        assert result.tokens == unstopped.tokens[:first + 1]
+        assert result.finish_reason == "stop" and result.stop == token
+    return check
 
+
+def stop_string_stream(target, guard) -> ExactnessCheck:
+    tokenizer = PieceTokenizer()
+    params = xd.SamplingParams(temperature=0.8, seed=4)
+    serial = xd.Generator(target, tokenizer=tokenizer)
+    plain = serial.generate(PROMPTS[1], 60, params, stop_tokens=[])
+    text = plain.text
+    stop = text[25:28]  # a string the run is known to produce
+    cut = text.index(stop)
+    oracle = OracleDrafter(plain.tokens, 6, 0.1, 1)
+    drafted = xd.Generator(target, oracle, tokenizer=tokenizer, guard=guard)
+    results, rows = [], []
+    for generator, drafts in ((serial, False), (drafted, True)):
+        with recording_rows(generator) as recorded:
+            chunks = list(generator.stream(PROMPTS[1], 60, params, stop=[stop, "zzzz"],
+                                           stop_tokens=[], drafts=drafts))
+        result = chunks[-1].result
+        assert result.finish_reason == "stop" and result.stop == stop
+        assert result.text == text[:cut]
+        assert "".join(c.text for c in chunks) == result.text
+        assert sum((c.tokens for c in chunks), []) == result.tokens
+        assert all(c.result is None for c in chunks[:-1])
+        results.append(result)
+        rows.append(recorded)
+    check = ExactnessCheck()
+    check.add(results[1], rows[1], results[0], rows[0])
+    # The run stops at the token that completes the stop string, not later.
+    assert stop not in tokenizer.decode(results[0].tokens[:-1])
+    assert stop in tokenizer.decode(results[0].tokens)
+    return check
+
+
+def context_limit(target, guard) -> ExactnessCheck:
+    """A target with a 60-token context; the drafts are the serial run's own tokens with some
+    made wrong, so verify windows run up to the limit."""
+    params = xd.SamplingParams(temperature=0.0)
+    serial = xd.Generator(target)
+    expected = serial.generate(PROMPTS[3], 100, params, stop_tokens=[])
+    generator = xd.Generator(target, OracleDrafter(expected.tokens, 8, 0.1, 3), guard=guard,
+                             adaptive_depth=False)
+    check = ExactnessCheck()
+    drafted, serial = check.compare(generator, PROMPTS[3], 100, params, serial=serial,
+                                    stop_tokens=[])
+    assert serial.finish_reason == drafted.finish_reason == "context"
+    assert len(PROMPTS[3]) + len(serial.tokens) == 60
+    return check
+
+
+# -- on the exact backend ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("filter_name", sorted(FILTERS))
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_drafted_equals_serial(generators, temperature, filter_name):
-    drafted = accepted = 0
-    for seed in SEEDS:
-        params = xd.SamplingParams(temperature=temperature, seed=seed, **FILTERS[filter_name])
-        prompt = PROMPTS[seed % len(PROMPTS)]
-        serial = generators["serial"].generate(prompt, 24, params, stop_tokens=[])
-        assert serial.stats.drafted == 0 and len(serial.tokens) == 24
-        for kind in ("lookup", "model"):
-            generator = generators[kind, 1 + seed % 8]
-            assert generator.drafting_enabled
-            result = generator.generate(prompt, 24, params, stop_tokens=[])
-            assert result.tokens == serial.tokens, (kind, seed)
-            assert result.seed == seed
-            drafted += result.stats.drafted
-            accepted += result.stats.accepted
+def test_drafted_equals_serial(tiny_targets, draft_target, temperature, filter_name):
+    check = sampling_grid(tiny_targets["llama"], draft_target, True, temperature, filter_name)
     # Both branches of verification ran: drafts kept and drafts replaced.
-    assert 0 < accepted < drafted
+    check.assert_exact(some_rejected=True)
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "llama3-rope", "mistral", "qwen2",
-                                     "qwen2-window", "qwen3"])
+@pytest.mark.parametrize("variant", FAMILIES)
 def test_drafted_equals_serial_every_family(tiny_targets, variant):
-    target = tiny_targets[variant]
-    serial = xd.Generator(target)
-    drafted = xd.Generator(target, xd.PromptLookup(max_draft=5, min_match=1))
-    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=3))
-    for temperature in (0.0, 0.7, 1.5):
-        for seed in range(4):
-            params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=seed)
-            prompt = PROMPTS[seed] * 2  # long enough to pass the sliding windows
-            reference = serial.generate(prompt, 30, params, stop_tokens=[]).tokens
-            assert drafted.generate(prompt, 30, params, stop_tokens=[]).tokens == reference
-            assert self_drafted.generate(prompt, 30, params, stop_tokens=[]).tokens == reference
+    every_family(tiny_targets[variant], True).assert_exact()
 
 
 @settings(max_examples=60, deadline=None,
@@ -118,94 +192,96 @@ def test_drafted_equals_serial_every_family(tiny_targets, variant):
 def test_random_settings_with_oracle_drafts(tiny_targets, temperature, top_k, top_p, min_p,
                                             repetition, presence, frequency, seed, depth,
                                             error_rate, prompt, max_new):
-    target = tiny_targets["llama"]
-    params = xd.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                               repetition_penalty=repetition, presence_penalty=presence,
-                               frequency_penalty=frequency, seed=seed)
-    serial = xd.Generator(target).generate(prompt, max_new, params)
-    oracle = OracleDrafter(serial.tokens, depth, error_rate, seed % 1000)
-    drafted = xd.Generator(target, oracle, adaptive_depth=False).generate(prompt, max_new,
-                                                                         params)
-    assert drafted.tokens == serial.tokens
-    assert drafted.finish_reason == serial.finish_reason
-    stats = drafted.stats
-    # Every pass commits its kept drafts and one token of the target's own.
-    assert stats.target_passes <= len(drafted.tokens) - 1 <= stats.target_passes + stats.accepted
-    # A draft needs a token after it: with two tokens or fewer no draft can be verified.
-    if error_rate == 0.0 and len(serial.tokens) > 2 and depth > 1:
-        assert stats.accepted > 0
+    check, written = oracle_drafts(tiny_targets["llama"], True, temperature, top_k, top_p,
+                                   min_p, repetition, presence, frequency, seed, depth,
+                                   error_rate, prompt, max_new)
+    # A draft needs a token after it: with two tokens or fewer no draft can be verified, and
+    # wrong drafts may all be rejected. Drafting must have been on in every case.
+    keeps = error_rate == 0.0 and written > 2 and depth > 1
+    check.assert_exact(min_accepted=1 if keeps else 0)
 
 
 def test_stop_token_ends_drafted_and_serial_at_the_same_token(tiny_targets):
-    target = tiny_targets["llama"]
-    params = xd.SamplingParams(temperature=1.0, seed=11)
-    serial = xd.Generator(target).generate(PROMPTS[0], 80, params, stop_tokens=[])
-    stop_token = serial.tokens[17]
-    first = serial.tokens.index(stop_token)
-    oracle = OracleDrafter(serial.tokens, 8, 0.0, 0)
-    for generator in (xd.Generator(target), xd.Generator(target, oracle)):
-        result = generator.generate(PROMPTS[0], 80, params, stop_tokens=[stop_token])
-        assert result.tokens == serial.tokens[:first + 1]
-        assert result.finish_reason == "stop" and result.stop == stop_token
+    stop_token(tiny_targets["llama"], True).assert_exact()
 
 
 def test_stop_strings_and_streaming(tiny_targets):
-    target = tiny_targets["llama"]
-    tokenizer = PieceTokenizer()
-    params = xd.SamplingParams(temperature=0.8, seed=4)
-    plain = xd.Generator(target, tokenizer=tokenizer).generate(PROMPTS[1], 60, params,
-                                                              stop_tokens=[])
-    text = plain.text
-    stop = text[25:28]  # a string the run is known to produce
-    cut = text.index(stop)
-    oracle = OracleDrafter(plain.tokens, 6, 0.1, 1)
-    results = []
-    for generator in (xd.Generator(target, tokenizer=tokenizer),
-                      xd.Generator(target, oracle, tokenizer=tokenizer)):
-        chunks = list(generator.stream(PROMPTS[1], 60, params, stop=[stop, "zzzz"],
-                                       stop_tokens=[]))
-        result = chunks[-1].result
-        assert result.finish_reason == "stop" and result.stop == stop
-        assert result.text == text[:cut]
-        assert "".join(c.text for c in chunks) == result.text
-        assert sum((c.tokens for c in chunks), []) == result.tokens
-        assert all(c.result is None for c in chunks[:-1])
-        results.append(result.tokens)
-    assert results[0] == results[1]
-    # The run stops at the token that completes the stop string, not later.
-    assert stop not in tokenizer.decode(results[0][:-1])
-    assert stop in tokenizer.decode(results[0])
-
-
-def test_text_prompt_and_stop_token_text_excluded(tiny_targets):
-    generator = xd.Generator(tiny_targets["llama"], tokenizer=PieceTokenizer())
-    result = generator.generate("abc abc ab", 40, xd.SamplingParams(temperature=1.2, seed=3),
-                                stop_tokens=[0, 1, 2])
-    assert result.prompt_tokens == PieceTokenizer().encode("abc abc ab")
-    if result.finish_reason == "stop":
-        assert result.text == PieceTokenizer().decode(result.tokens[:-1])
+    stop_string_stream(tiny_targets["llama"], True).assert_exact()
 
 
 def test_context_limit_finishes_with_context(tiny_checkpoints):
     from exactdraft.pretrained import build_target, load_checkpoint
 
     target = build_target(load_checkpoint(tiny_checkpoints["llama"]), "torch", max_context=60)
-    params = xd.SamplingParams(temperature=0.0)
-    serial = xd.Generator(target).generate(PROMPTS[3], 100, params, stop_tokens=[])
-    drafted = xd.Generator(target, xd.PromptLookup(min_match=1)).generate(
-        PROMPTS[3], 100, params, stop_tokens=[])
-    assert serial.finish_reason == drafted.finish_reason == "context"
-    assert len(PROMPTS[3]) + len(serial.tokens) == 60
-    assert drafted.tokens == serial.tokens
+    context_limit(target, True).assert_exact()
+
+
+# -- negative controls: every check above fails on a realistic non-invariant backend -----------
+
+@pytest.mark.parametrize("temperature,filter_name", [(0.0, "plain"), (0.7, "combined"),
+                                                     (1.5, "penalties")])
+def test_negative_control_sampling_grid(inexact_targets, draft_target, temperature,
+                                        filter_name):
+    sampling_grid(inexact_targets(), draft_target, False, temperature, filter_name,
+                  seeds=range(8)).assert_caught()
+
+
+def test_negative_control_every_family(inexact_targets):
+    every_family(inexact_targets("qwen2-window"), False, (0.0, 1.5), range(2)).assert_caught()
+
+
+@pytest.mark.parametrize("temperature,error_rate,seed", [(0.0, 0.0, 1), (1.0, 0.2, 2**63),
+                                                         (1.5, 0.6, 2)])
+def test_negative_control_oracle_drafts(inexact_targets, temperature, error_rate, seed):
+    check, _ = oracle_drafts(inexact_targets(), False, temperature, 40, 0.95, 0.02, 1.15, 0.4,
+                             0.3, seed, 6, error_rate, PROMPTS[2], 30)
+    check.assert_caught(min_fraction=1.0)
+
+
+@pytest.mark.parametrize("check", [stop_token, stop_string_stream])
+def test_negative_control_stops(inexact_targets, check):
+    check(inexact_targets(), False).assert_caught(min_fraction=1.0)
+
+
+def test_negative_control_context_limit(inexact_targets):
+    context_limit(inexact_targets(max_context=60), False).assert_caught(min_fraction=1.0)
+
+
+def test_token_comparison_alone_would_miss_the_inexact_backend(inexact_targets, draft_target):
+    """Why the checks compare logits rows: on the same runs, the tokens agree."""
+    check = sampling_grid(inexact_targets(), draft_target, False, 0.7, "combined",
+                          seeds=range(8))
+    assert check.token_mismatches == [] and check.flagged == len(check.row_mismatches) > 0
+
+
+# -- stops, seeds and other generation details --------------------------------------------------
+
+def test_text_prompt_and_stop_token_text_excluded(tiny_targets):
+    tokenizer = PieceTokenizer()
+    generator = xd.Generator(tiny_targets["llama"], tokenizer=tokenizer)
+    params = xd.SamplingParams(temperature=1.2, seed=3)
+    unstopped = generator.generate("abc abc ab", 40, params, stop_tokens=[])
+    assert unstopped.prompt_tokens == tokenizer.encode("abc abc ab")
+    # A token the run is known to produce, first produced after a few others.
+    token = next(t for i, t in enumerate(unstopped.tokens)
+                 if i >= 5 and t not in unstopped.tokens[:i] and tokenizer.decode([t]))
+    first = unstopped.tokens.index(token)
+    result = generator.generate("abc abc ab", 40, params, stop_tokens=[0, token])
+    assert result.finish_reason == "stop" and result.stop == token
+    assert result.tokens == unstopped.tokens[:first + 1]
+    assert result.text == tokenizer.decode(result.tokens[:-1]) != tokenizer.decode(result.tokens)
 
 
 def test_seed_is_reported_and_replays(tiny_targets):
-    generator = xd.Generator(tiny_targets["qwen3"], xd.PromptLookup())
-    first = generator.generate(PROMPTS[0], 20, xd.SamplingParams(temperature=1.0))
+    target = tiny_targets["qwen3"]
+    first = xd.Generator(target).generate(PROMPTS[0], 20, xd.SamplingParams(temperature=1.0))
     assert isinstance(first.seed, int)
-    again = generator.generate(PROMPTS[0], 20, xd.SamplingParams(temperature=1.0,
-                                                                seed=first.seed))
+    # Replayed with drafts that are the first run's tokens, so the replay keeps drafts.
+    oracle = OracleDrafter(first.tokens, 4, 0.0, 0)
+    again = xd.Generator(target, oracle).generate(
+        PROMPTS[0], 20, xd.SamplingParams(temperature=1.0, seed=first.seed))
     assert again.tokens == first.tokens
+    assert again.stats.drafting and again.stats.accepted > 0
 
 
 def test_max_new_tokens_zero_and_length(tiny_targets):
@@ -221,8 +297,9 @@ def test_max_new_tokens_zero_and_length(tiny_targets):
 ])
 def test_bad_prompts_are_refused_and_generator_recovers(tiny_targets, prompt, match):
     generator = xd.Generator(tiny_targets["llama"], xd.PromptLookup())
-    params = xd.SamplingParams(temperature=0.5, seed=2)
+    params = xd.SamplingParams(temperature=0.0)  # greedy: this run keeps a draft
     before = generator.generate(PROMPTS[0], 10, params)
+    assert before.stats.drafting and before.stats.accepted > 0
     with pytest.raises(ValueError, match=match):
         generator.generate(prompt, 10, params)
     assert generator.generate(PROMPTS[0], 10, params).tokens == before.tokens
@@ -243,19 +320,3 @@ class _OtherVocab:
     max_context = 100
 
 
-def test_drafter_proposing_bad_ids_fails_cleanly(tiny_targets):
-    class Broken:
-        max_draft = 3
-
-        def begin(self, prompt, context):
-            pass
-
-        def propose(self, sequence, limit):
-            return [1000]
-
-        def accepted(self, proposed, accepted):
-            pass
-
-    generator = xd.Generator(tiny_targets["llama"], Broken())
-    with pytest.raises(ValueError, match="1000"):
-        generator.generate(PROMPTS[0], 5, xd.SamplingParams(seed=0))

@@ -14,19 +14,22 @@ PACKAGE = Path(__file__).resolve().parents[1] / "exactdraft"
 # layer), cycles aside.
 RANKS = {
     "errors": 0,
-    "dequantize": 1, "float64_math": 1,
+    "dequantize": 1, "float64_math": 1, "progress": 1, "arguments": 1,
     "formats": 2,
     "kernels": 3,
     "backends": 4,
     "models": 5,
     "loading": 5,
     "sampling": 6, "sampling_native": 6, "prompts": 6, "stops": 6, "pretrained": 6,
-    "guard": 7, "depth": 7, "verify": 7, "drafters": 7,
-    "generator": 8,
+    "guard": 7, "depth": 7, "verify": 7, "tree_verify": 7, "drafters": 7, "drafting": 7,
+    "generator": 8, "decoding": 8,
+    "engine": 8.5,
+    "server": 8.75,
     "check": 9,
     "testing": 10,
     "__init__": 10.5,  # the public names, for the command line
     "cli": 11,
+    "__main__": 12,
 }
 # Layers that may not import each other although neither is above the other.
 APART = {("loading", "models"), ("models", "loading"), ("loading", "backends"),

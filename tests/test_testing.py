@@ -8,6 +8,7 @@ import os
 import pytest
 
 import exactdraft as xd
+from exactdraft.check import check_exactness
 from exactdraft.testing import (
     assert_drafted_equals_serial,
     assert_reproduces,
@@ -16,11 +17,35 @@ from exactdraft.testing import (
 )
 from tests.inexact import InexactTorchBackend
 
+KNIFE_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [3, 17, 99, 3, 17, 99, 3, 17]]
 
-def test_assert_drafted_equals_serial_passes(tiny_targets):
+
+def test_assert_drafted_equals_serial_passes(tiny_targets, knife_edge_checkpoint):
     generator = xd.Generator(tiny_targets["mistral"], xd.PromptLookup(min_match=1))
     assert_drafted_equals_serial(generator, [[1, 2, 3, 1, 2, 3, 1]], seeds=[0, 1],
                                  max_new_tokens=16)
+    # On a checkpoint whose greedy tokens flip on ulp changes, with drafts kept.
+    knife = xd.Generator.from_pretrained(knife_edge_checkpoint, backend="torch",
+                                         drafter=xd.PromptLookup(min_match=1))
+    assert_drafted_equals_serial(knife, KNIFE_PROMPTS, seeds=[0],
+                                 sampling=xd.SamplingParams(temperature=0.0), max_new_tokens=40)
+    report = check_exactness(knife, KNIFE_PROMPTS, [0], [xd.SamplingParams(temperature=0.0)],
+                             40)
+    assert all(c.drafted.stats.drafting for c in report.cases)
+    assert sum(c.drafted.stats.accepted for c in report.cases) > 0
+
+
+def test_assert_drafted_equals_serial_fails_on_an_inexact_backend(knife_edge_checkpoint):
+    """Negative control: with the guard off, the helper reports the drafted runs that the
+    backend's ulp-level row-count dependence changes."""
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    target = build_target(load_checkpoint(knife_edge_checkpoint), InexactTorchBackend())
+    generator = xd.Generator(target, xd.PromptLookup(min_match=1), guard=False)
+    with pytest.raises(AssertionError, match="drafted output differs from serial output"):
+        assert_drafted_equals_serial(generator, KNIFE_PROMPTS, seeds=[0],
+                                     sampling=xd.SamplingParams(temperature=0.0),
+                                     max_new_tokens=40)
 
 
 def test_assert_drafted_equals_serial_reports_a_guard_failure(tiny_checkpoints):

@@ -4,7 +4,9 @@
  * Invariant: keys are cut into KEY_TILE tiles aligned to absolute positions; a tile holds only
  * the row's visible keys, tiles are merged by an online softmax in position order, so nothing
  * past the row's own position (cache capacity, other rows) is ever read. Every (row, head) runs
- * one fixed sequence of float operations. The query heads that share a KV head are computed
+ * one fixed sequence of float operations. In a token tree a row reads its ancestors' keys as the
+ * keys of the positions they stand for (key_slot), so it runs the operations of a serial step
+ * over its own path. The query heads that share a KV head are computed
  * side by side, so that each key and value is loaded once for all of them: that changes which
  * head's operation comes next, never the operations of any head.
  */
@@ -29,6 +31,15 @@ static ALWAYS_INLINE vf key_dot(const vf *q, const float *key, const ptrdiff_t v
     for (ptrdiff_t v = 0; v < vectors; v++) dot = vf_fma(q[v], vf_load(key + v * VW), dot);
     if (tail) dot = vf_fma(q[vectors], vf_load_partial(key + vectors * VW, tail), dot);
     return dot;
+}
+
+/* The buffer slot of the key at logical position j for `row`: its own slot, except past the
+ * tree base of a token tree, where the row's path says which row's key stands there. */
+static ALWAYS_INLINE ptrdiff_t key_slot(const struct attention_problem *p, ptrdiff_t row,
+                                        ptrdiff_t j)
+{
+    if (!p->tree_paths || j < p->tree_base) return j;
+    return p->tree_base + p->tree_paths[row * p->rows + (j - p->tree_base)];
 }
 
 /* Query heads head0 .. head0 + count - 1 of one row, which share a KV head. `vectors` full
@@ -73,14 +84,16 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
                  * interleave and the partial sums stay in registers. */
 #pragma GCC unroll 16
                 for (int k = 0; k < VW; k++)
-                    dots[k] = key_dot(q[h], keys + (j + k) * dim, vectors, tail);
+                    dots[k] =
+                        key_dot(q[h], keys + key_slot(p, row, j + k) * dim, vectors, tail);
                 vf_store(scores[h] + (j - start), vf_mul(vf_sum_lanes(dots), vf_set1(p->scale)));
             }
         }
         for (; j <= hi; j++)
             for (int h = 0; h < count; h++)
-                scores[h][j - start] = vf_sum(key_dot(q[h], keys + j * dim, vectors, tail)) *
-                                       p->scale;
+                scores[h][j - start] =
+                    vf_sum(key_dot(q[h], keys + key_slot(p, row, j) * dim, vectors, tail)) *
+                    p->scale;
         for (int h = 0; h < count; h++) {
             float *score = scores[h];
             vf tile_max = vf_load(score);
@@ -103,7 +116,7 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
             for (ptrdiff_t v = 0; v < all; v++) acc[h][v] = vf_mul(acc[h][v], alpha);
         }
         for (ptrdiff_t k = lo; k <= hi; k++) {
-            const float *value = values + k * dim;
+            const float *value = values + key_slot(p, row, k) * dim;
             vf weight[MAX_SIDE_BY_SIDE];
             for (int h = 0; h < count; h++) weight[h] = vf_set1(scores[h][k - start]);
             for (ptrdiff_t v = 0; v < vectors; v++) {
@@ -156,14 +169,16 @@ static const attention_function attention_instances[3][MAX_SIDE_BY_SIDE] = {
     {attention_any_1, attention_any_2, attention_any_3, attention_any_4},
 };
 
-/* (row, KV head) items [first, end), item i being row i / kv_heads and KV head i % kv_heads:
- * all the query heads of the KV head, side by side in runs of heads_side_by_side. */
+/* (row, KV head) items [first, end), item i being KV head i / rows and row i % rows: all the
+ * query heads of the KV head, side by side in runs of heads_side_by_side. The rows of a KV
+ * head come one after another, so a core reads that head's keys and values from its own cache
+ * for the rows after the first. */
 static void attention_groups(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
     const int size = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : 2;
     const ptrdiff_t group = p->heads / p->kv_heads, side = heads_side_by_side(p->head_dim);
     for (ptrdiff_t i = first; i < end; i++) {
-        const ptrdiff_t row = i / p->kv_heads, head0 = (i % p->kv_heads) * group;
+        const ptrdiff_t row = i % p->rows, head0 = (i / p->rows) * group;
         for (ptrdiff_t h = 0; h < group; h += side) {
             const ptrdiff_t count = min_index(side, group - h);
             attention_instances[size][count - 1](p, row, head0 + h);

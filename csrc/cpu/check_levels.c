@@ -76,21 +76,37 @@ static uint8_t *random_weights(int format, size_t count, ptrdiff_t depth)
     return out;
 }
 
-/* Dot-layout records for `columns` rows: per group of 16 rows and block, the 16 scales d (and
- * for q4_1 the 16 minimums m) then random codes. */
+/* Dot-layout records for `columns` rows (kernels.h): per group of 16 rows and block, the
+ * parameters (float16, or float32 for the k formats) then random codes, kept under each byte
+ * format's code range. */
 static uint8_t *random_dot_weights(int format, ptrdiff_t columns, ptrdiff_t depth)
 {
     const ptrdiff_t blocks = depth / QUANT_BLOCK, groups = (columns + DOT_GROUP - 1) / DOT_GROUP;
-    const size_t record_bytes = DOT_GROUP * BYTES_PER_32(format);
+    const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
+    const int float_parameters = format == FORMAT_Q4_K || format == FORMAT_Q5_K ||
+                                 format == FORMAT_Q6_K;
+    const int parameters = (format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || float_parameters
+                                ? 2
+                                : 1) * DOT_GROUP;
+    const size_t parameter_bytes = (size_t)parameters * (float_parameters ? 4 : 2);
+    const unsigned code_mask = format == FORMAT_Q6_K ? 63 : (format == FORMAT_Q5_0 ||
+                                                             format == FORMAT_Q5_1 ||
+                                                             format == FORMAT_Q5_K) ? 31 : 255;
     uint8_t *weight = malloc((size_t)(groups * blocks) * record_bytes);
-    for (size_t i = 0; i < (size_t)(groups * blocks) * record_bytes; i++)
-        weight[i] = (uint8_t)next_random();
-    const int halves = format == FORMAT_Q4_1 ? 2 * DOT_GROUP : DOT_GROUP;
-    for (ptrdiff_t record = 0; record < groups * blocks; record++)
-        for (int h = 0; h < halves; h++) {
-            uint16_t half = random_half();
-            memcpy(weight + (size_t)record * record_bytes + 2 * h, &half, sizeof half);
+    for (ptrdiff_t record = 0; record < groups * blocks; record++) {
+        uint8_t *at = weight + (size_t)record * record_bytes;
+        for (int h = 0; h < parameters; h++) {
+            if (float_parameters) {
+                float value = ldexpf(random_float(0), -6);
+                memcpy(at + 4 * h, &value, sizeof value);
+            } else {
+                uint16_t half = random_half();
+                memcpy(at + 2 * h, &half, sizeof half);
+            }
         }
+        for (size_t i = parameter_bytes; i < record_bytes; i++)
+            at[i] = (uint8_t)(next_random() & code_mask);
+    }
     return weight;
 }
 
@@ -158,13 +174,11 @@ static void check_dot(const struct kernel_table *level, int format, ptrdiff_t ro
         const struct kernel_table *dot = dot_of(levels[l]);
         values[l] = malloc((size_t)(rows * depth));
         float *scales = malloc(sizeof(float) * per_block * 2);
-        int32_t *sums = malloc(sizeof(int32_t) * per_block * 2);
+        int32_t *sums = malloc(sizeof(int32_t) * per_block * 3);
         struct quantized_rows q = {values[l], scales, scales + per_block, sums, sums + per_block};
         struct quantize_problem quantize = {x, &q, rows, depth};
         dot->quantize_rows(&quantize, 0, rows);
-        const int offset = format == FORMAT_Q4_0 ? 8 : format == FORMAT_Q8_0 ? dot->q8_code_bias
-                                                                             : 0;
-        for (size_t i = 0; i < per_block; i++) q.starts[i] = -offset * q.sums[i];
+        set_dot_starts(format, dot->q8_code_bias, &q, per_block);
         out[l] = malloc(sizeof(float) * (size_t)(rows * columns));
         struct matmul_problem p = {.x = x, .weight = weight, .out = out[l], .rows = rows,
                                    .depth = depth, .columns = columns, .format = format,
@@ -198,6 +212,31 @@ static void check_attention(const struct kernel_table *level, ptrdiff_t head_dim
     }
     char what[96];
     snprintf(what, sizeof what, "attention head_dim %zd window %zd", head_dim, window);
+    report(what, level, same_floats(out[0], out[1], q_count));
+    free(q), free(keys), free(values), free(out[0]), free(out[1]);
+}
+
+/* A token tree of 5 rows at base 254 (parents -1, 0, 0, 1, 2), so rows cross the key tile at
+ * 256 and read ancestors' keys from slots other than their positions. */
+static void check_tree_attention(const struct kernel_table *level, ptrdiff_t head_dim)
+{
+    enum { ROWS = 5, HEADS = 6, KV_HEADS = 2, CAPACITY = 320, BASE = 254 };
+    const int64_t positions[ROWS] = {BASE, BASE + 1, BASE + 1, BASE + 2, BASE + 2};
+    const int32_t paths[ROWS * ROWS] = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 2, 0, 0, 0,
+                                        0, 1, 3, 0, 0, 0, 2, 4, 0, 0};
+    const size_t q_count = ROWS * HEADS * (size_t)head_dim;
+    const size_t kv_count = KV_HEADS * CAPACITY * (size_t)head_dim;
+    float *q = random_floats(q_count, 0), *keys = random_floats(kv_count, 0);
+    float *values = random_floats(kv_count, 0), *out[2];
+    const struct kernel_table *levels[2] = {level, &kernels_scalar};
+    for (int l = 0; l < 2; l++) {
+        out[l] = malloc(q_count * sizeof(float));
+        struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
+                                      CAPACITY, head_dim, 0, 0.125f, paths, BASE};
+        levels[l]->attention_groups(&p, 0, ROWS * KV_HEADS);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "tree attention head_dim %zd", head_dim);
     report(what, level, same_floats(out[0], out[1], q_count));
     free(q), free(keys), free(values), free(out[0]), free(out[1]);
 }
@@ -251,9 +290,11 @@ static void check_layers(const struct kernel_table *level, int format, int layou
                                                               shapes[w][1]);
         owned[owned_count++] = data;
         weights[w] = (struct layer_weight){
-            .data = data, .bias = NULL, .columns = shapes[w][0], .depth = shapes[w][1],
-            .row_bytes = (size_t)(shapes[w][1] / row->block_size) * (size_t)row->block_bytes,
-            .format = format, .layout = layout};
+            .columns = shapes[w][0], .depth = shapes[w][1], .parts = 1,
+            .part = {{.data = data, .bias = NULL, .columns = shapes[w][0],
+                      .row_bytes = (size_t)(shapes[w][1] / row->block_size) *
+                                   (size_t)row->block_bytes,
+                      .format = format, .layout = layout}}};
     }
     float *norms[6];
     for (int i = 0; i < 6; i++) {
@@ -283,10 +324,11 @@ static void check_layers(const struct kernel_table *level, int format, int layou
         float *step = malloc(sizeof(float) * (size_t)total * HIDDEN);
         for (int pass = 0, start = 0; pass < 2; start += rows_per_pass[pass++]) {
             const int rows = rows_per_pass[pass];
-            run_decoder_layer(&plan, hidden + start * HIDDEN, step, rows, keys, values,
-                              CAPACITY, start, cos + start * DIM / 2, sin + start * DIM / 2);
-            run_decoder_layer(&plan, step, out[l] + start * HIDDEN, rows, keys, values,
-                              CAPACITY, start, cos + start * DIM / 2, sin + start * DIM / 2);
+            const struct layer_sequence sequence = {keys, values, CAPACITY, start, rows};
+            run_decoder_layer(&plan, hidden + start * HIDDEN, step, &sequence, 1,
+                              cos + start * DIM / 2, sin + start * DIM / 2);
+            run_decoder_layer(&plan, step, out[l] + start * HIDDEN, &sequence, 1,
+                              cos + start * DIM / 2, sin + start * DIM / 2);
         }
         free(keys), free(values), free(step);
     }
@@ -304,20 +346,22 @@ static void check_level(const struct kernel_table *level)
     const ptrdiff_t row_counts[3] = {1, 5, 9};
     for (int format = 0; format < FORMAT_COUNT; format++) {
         const int dense = FORMAT_ROWS[format].block_size == 1;
-        for (int layout = LAYOUT_ROWS; layout <= LAYOUT_GROUPED; layout++)
-            for (int r = 0; r < 3; r++)
-                check_matmul(level, format, layout, row_counts[r], dense && !layout ? 100 : 96,
-                             37);
-        if (!dense) {
-            check_dot(level, format, 1, 37, 96);
-            check_dot(level, format, 7, 50, 128);
-            check_dot(level, format, 13, 16, 64);
+        if (FORMAT_ROWS[format].float_kernel)
+            for (int layout = LAYOUT_ROWS; layout <= LAYOUT_GROUPED; layout++)
+                for (int r = 0; r < 3; r++)
+                    check_matmul(level, format, layout, row_counts[r],
+                                 dense && !layout ? 100 : 96, 37);
+        if (FORMAT_ROWS[format].dot_record_bytes) {
+            check_dot(level, format, 1, 37, 256);
+            check_dot(level, format, 7, 50, 512);
+            check_dot(level, format, 13, 16, 256);
         }
     }
     const ptrdiff_t head_dims[4] = {40, 64, 128, 256};
     for (int d = 0; d < 4; d++) {
         check_attention(level, head_dims[d], 0);
         check_attention(level, head_dims[d], 17);
+        check_tree_attention(level, head_dims[d]);
     }
     check_rows(level, 7);
     check_rows(level, 100);
@@ -325,6 +369,8 @@ static void check_level(const struct kernel_table *level)
     check_layers(level, FORMAT_BF16, LAYOUT_ROWS, 1, 1, 1);
     check_layers(level, FORMAT_Q4_1, LAYOUT_DOT, 1, 0, 0);
     check_layers(level, FORMAT_Q8_0, LAYOUT_GROUPED, 0, 1, 1);
+    check_layers(level, FORMAT_Q5_0, LAYOUT_DOT, 1, 1, 1);
+    check_layers(level, FORMAT_Q6_K, LAYOUT_DOT, 0, 0, 0);
 }
 
 int main(void)

@@ -16,13 +16,23 @@
 
 #include "dispatch.h"
 
+/* out [rows, w->columns] = x w^T (+ bias), part by part: a part's columns have the bits they
+ * get in a matmul of their own. */
 static int linear(const struct layer_weight *w, const float *x, ptrdiff_t rows, float *out)
 {
-    struct matmul_problem p = {.x = x, .weight = w->data, .bias = w->bias, .out = out,
-                               .rows = rows, .depth = w->depth, .columns = w->columns,
-                               .row_bytes = w->row_bytes, .format = w->format,
-                               .layout = w->layout};
-    return run_matmul(&p);
+    int failed = 0;
+    ptrdiff_t first = 0;
+    for (int i = 0; i < w->parts; i++) {
+        const struct weight_part *part = &w->part[i];
+        struct matmul_problem p = {.x = x, .weight = part->data, .bias = part->bias,
+                                   .out = out + first, .rows = rows, .depth = w->depth,
+                                   .columns = part->columns, .out_stride = w->columns,
+                                   .row_bytes = part->row_bytes, .format = part->format,
+                                   .layout = part->layout};
+        failed |= run_matmul(&p);
+        first += part->columns;
+    }
+    return failed;
 }
 
 static void rms_norm(const float *x, ptrdiff_t rows, ptrdiff_t width, const float *weight,
@@ -48,9 +58,11 @@ static void add(const float *a, const float *b, float *out, size_t count)
 }
 
 int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float *out,
-                      ptrdiff_t rows, float *keys, float *values, ptrdiff_t capacity,
-                      ptrdiff_t start, const float *cos, const float *sin)
+                      const struct layer_sequence *sequences, int count, const float *cos,
+                      const float *sin)
 {
+    ptrdiff_t rows = 0;
+    for (int i = 0; i < count; i++) rows += sequences[i].rows;
     const ptrdiff_t width = plan->hidden_size, dim = plan->head_dim;
     const ptrdiff_t q_size = plan->heads * dim, kv_size = plan->kv_heads * dim;
     const ptrdiff_t qkv_width = q_size + 2 * kv_size, inner = plan->intermediate;
@@ -77,20 +89,30 @@ int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float 
     }
     rope(q, rows, plan->heads, dim, cos, sin);
     rope(k, rows, plan->kv_heads, dim, cos, sin);
-    for (size_t r = 0; r < m; r++) {
-        positions[r] = (int64_t)(start + (ptrdiff_t)r);
-        const float *v = qkv + r * qkv_width + q_size + kv_size;
-        for (ptrdiff_t h = 0; h < plan->kv_heads; h++) {
-            const size_t slot = ((size_t)(h * capacity + start) + r) * (size_t)dim;
-            memcpy(keys + slot, k + (r * plan->kv_heads + h) * dim, (size_t)dim * sizeof(float));
-            memcpy(values + slot, v + h * dim, (size_t)dim * sizeof(float));
+    for (int i = 0, first = 0; i < count; first += (int)sequences[i++].rows) {
+        const struct layer_sequence *sequence = &sequences[i];
+        for (ptrdiff_t r = 0; r < sequence->rows; r++) {
+            const ptrdiff_t row = first + r;
+            positions[row] =
+                (int64_t)(sequence->start + (sequence->depths ? sequence->depths[r] : r));
+            const float *v = qkv + row * qkv_width + q_size + kv_size;
+            for (ptrdiff_t h = 0; h < plan->kv_heads; h++) {
+                const size_t slot =
+                    ((size_t)(h * sequence->capacity + sequence->start) + (size_t)r) * (size_t)dim;
+                memcpy(sequence->keys + slot, k + (row * plan->kv_heads + h) * dim,
+                       (size_t)dim * sizeof(float));
+                memcpy(sequence->values + slot, v + h * dim, (size_t)dim * sizeof(float));
+            }
         }
+        struct attention_problem attention = {
+            .q = q + first * q_size, .keys = sequence->keys, .values = sequence->values,
+            .positions = positions + first, .out = attended + first * q_size,
+            .rows = sequence->rows, .heads = plan->heads, .kv_heads = plan->kv_heads,
+            .capacity = sequence->capacity, .head_dim = dim, .window = plan->window,
+            .scale = plan->scale, .tree_paths = sequence->depths ? sequence->tree_paths : NULL,
+            .tree_base = sequence->start};
+        run_attention(&attention);
     }
-    struct attention_problem attention = {
-        .q = q, .keys = keys, .values = values, .positions = positions, .out = attended,
-        .rows = rows, .heads = plan->heads, .kv_heads = plan->kv_heads, .capacity = capacity,
-        .head_dim = dim, .window = plan->window, .scale = plan->scale};
-    run_attention(&attention);
     failed |= linear(&plan->output, attended, rows, projected);
     if (plan->post_attention_norm)
         rms_norm(projected, rows, width, plan->post_attention_norm, plan->eps, projected);

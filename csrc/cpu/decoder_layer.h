@@ -10,12 +10,22 @@
 
 #include "kernels.h"
 
-struct layer_weight {
+/* A weight matrix of the layer: one part, or parts of different formats stacked along the
+ * output (q, k and v stored in different formats), part i writing the next columns_i outputs. */
+struct weight_part {
     const uint8_t *data;
     const float *bias;       /* [columns] or NULL */
-    ptrdiff_t columns, depth;
+    ptrdiff_t columns;
     size_t row_bytes;
     int format, layout;
+};
+
+#define MAX_WEIGHT_PARTS 3
+
+struct layer_weight {
+    ptrdiff_t columns, depth; /* of the whole matrix */
+    int parts;
+    struct weight_part part[MAX_WEIGHT_PARTS];
 };
 
 enum layer_activation { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1 };
@@ -31,11 +41,24 @@ struct layer_plan {
     struct layer_weight qkv, output, gate_up, down;
 };
 
-/* hidden [M, hidden_size] -> out (may be hidden); writes keys and values [kv_heads, capacity,
- * head_dim] at positions start .. start + M - 1, which the rows occupy; cos, sin [M, D / 2].
- * Returns 0, or -1 when scratch memory cannot be allocated. */
+/* One sequence's part of a pass: its next `rows` rows go into slots start .. start + rows - 1
+ * of its buffers [kv_heads, capacity, head_dim]. A chain (depths NULL) sits at the positions
+ * of its slots; a token tree's row r sits at position start + depths[r] and attends to the
+ * keys before start and to its path, tree_paths[r * rows + d] being the row of its ancestor at
+ * depth d (attention_problem.tree_paths). */
+struct layer_sequence {
+    float *keys, *values;
+    ptrdiff_t capacity, start, rows;
+    const int32_t *depths;     /* [rows] or NULL */
+    const int32_t *tree_paths; /* [rows, rows], with depths */
+};
+
+/* hidden [M, hidden_size] -> out (may be hidden), M the rows of all `count` sequences in order;
+ * each sequence's rows attend to its own buffers only, so a row has the bits it gets with its
+ * sequence alone; cos, sin [M, D / 2]. Returns 0, or -1 when scratch memory cannot be
+ * allocated. */
 int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float *out,
-                      ptrdiff_t rows, float *keys, float *values, ptrdiff_t capacity,
-                      ptrdiff_t start, const float *cos, const float *sin);
+                      const struct layer_sequence *sequences, int count, const float *cos,
+                      const float *sin);
 
 #endif

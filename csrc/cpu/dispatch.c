@@ -150,12 +150,39 @@ static void run_columns(const struct matmul_problem *p, ptrdiff_t tile,
     pool_run(matmul_item, &job, (p->columns + chunk - 1) / chunk);
 }
 
+void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q,
+                    size_t per_block)
+{
+    /* The codes' offset, taken out of every block's integer sums exactly. */
+    const int32_t offset = format == FORMAT_Q4_0   ? 8
+                           : format == FORMAT_Q5_0 ? 16
+                           : format == FORMAT_Q6_K ? 32
+                           : format == FORMAT_Q8_0 ? q8_code_bias
+                                                   : 0;
+    int32_t *starts = q->starts;
+    if (format == FORMAT_Q6_K) {
+        /* q6_k's two scales cover weights 0..15 and 16..31: each half takes its own offset. */
+        for (size_t i = 0; i < per_block; i++) {
+            const int8_t *values = q->values + i * QUANT_BLOCK;
+            int32_t low = 0;
+            for (int k = 0; k < QUANT_BLOCK / 2; k++) low += values[k];
+            starts[2 * i] = -offset * low;
+            starts[2 * i + 1] = -offset * (q->sums[i] - low);
+        }
+        return;
+    }
+    for (size_t i = 0; i < per_block; i++) {
+        starts[2 * i] = -offset * q->sums[i];
+        starts[2 * i + 1] = 0;
+    }
+}
+
 static int run_dot_matmul(const struct matmul_problem *p)
 {
     const struct kernel_table *kernels = dot_level(active_level());
     const size_t per_block = (size_t)p->rows * (size_t)(p->depth / QUANT_BLOCK);
     const size_t values = per_block * QUANT_BLOCK;
-    char *scratch = malloc(values + 4 * per_block * sizeof(float));
+    char *scratch = malloc(values + 5 * per_block * sizeof(float));
     if (!scratch) return -1;
     /* values is a multiple of 32 bytes, so the arrays after it are aligned for floats. */
     float *floats = (float *)(scratch + values);
@@ -165,11 +192,7 @@ static int run_dot_matmul(const struct matmul_problem *p)
     };
     struct quantize_problem quantize = {p->x, &quantized, p->rows, p->depth};
     run_quantize_rows(&quantize);
-    /* The codes' offset, taken out of every block's integer sum exactly. */
-    const int32_t offset = p->format == FORMAT_Q4_0   ? 8
-                           : p->format == FORMAT_Q8_0 ? kernels->q8_code_bias
-                                                      : 0;
-    for (size_t i = 0; i < per_block; i++) quantized.starts[i] = -offset * quantized.sums[i];
+    set_dot_starts(p->format, kernels->q8_code_bias, &quantized, per_block);
     struct matmul_problem with_rows = *p;
     with_rows.quantized = &quantized;
     run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);

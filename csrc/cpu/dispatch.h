@@ -18,6 +18,11 @@ int select_level(const char *name);
 
 /* Returns 0, or -1 when the dot layout's scratch memory cannot be allocated. */
 int run_matmul(const struct matmul_problem *p);
+/* The start values of the dot layout's integer block sums (kernels.h, struct quantized_rows)
+ * for `per_block` = rows * K / 32 quantized blocks of a matmul by `format` weights, on a level
+ * whose q8_0 codes carry q8_code_bias. */
+void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q,
+                    size_t per_block);
 /* Quantize activation rows as the dot layout's matmul does (exposed for tests). */
 void run_quantize_rows(const struct quantize_problem *p);
 void run_attention(const struct attention_problem *p);

@@ -30,6 +30,7 @@ static inline dv dv_set1(float a) { return _mm256_set1_ps(a); }
 static inline dv dv_add(dv a, dv b) { return _mm256_add_ps(a, b); }
 static inline dv dv_mul(dv a, dv b) { return _mm256_mul_ps(a, b); }
 static inline void dv_store(float *p, dv v) { _mm256_storeu_ps(p, v); }
+static inline dv dv_load(const float *p) { return _mm256_loadu_ps(p); }
 
 static inline dv dv_load_half(const uint16_t *p)
 {
@@ -44,6 +45,13 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
         w->code[t] = _mm256_and_si256(bytes, nibble);
         w->code[t + 4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     }
+}
+
+/* Unsigned byte codes (at most 63) as stored. */
+static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++)
+        w->code[j] = _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK));
 }
 
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
@@ -61,7 +69,7 @@ static inline __m256i broadcast_four(const int8_t *x)
     return _mm256_set1_epi32(four);
 }
 
-/* isum[r] = starts[r] + sum of q * x_r for q4 codes q in 0..15, row r's activations at
+/* isum[r] = starts[2 r] + sum of q * x_r for q4 codes q in 0..15, row r's activations at
  * x + 32 r. */
 static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x,
                                       const int32_t *starts, const int rows, vi *isum)
@@ -73,16 +81,56 @@ static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x
             pairs[r] = _mm256_add_epi16(
                 pairs[r], _mm256_maddubs_epi16(w->code[j], broadcast_four(x + 32 * r + 4 * j)));
     for (int r = 0; r < rows; r++)
-        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[r]),
+        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
                                    _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
 }
 
-/* isum[r] = starts[r] + sum of w * x_r for q8_0 weights w. */
+/* The sum over chunks [from, to) of code * x for unsigned byte codes of at most 63: a pair of
+ * products is at most 2 * 63 * 127 and two pairs 32004, so two chunks add in int16 before
+ * they widen. */
+static ALWAYS_INLINE __m256i u8_chunks(const struct dot_codes *w, const int8_t *x, int from,
+                                       int to)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i total = _mm256_setzero_si256();
+    for (int j = from; j < to; j += 2) {
+        __m256i pairs = _mm256_add_epi16(
+            _mm256_maddubs_epi16(w->code[j], broadcast_four(x + 4 * j)),
+            _mm256_maddubs_epi16(w->code[j + 1], broadcast_four(x + 4 * j + 4)));
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, ones));
+    }
+    return total;
+}
+
+/* isum[r] = starts[2 r] + sum of q * x_r for unsigned byte codes q of at most 63. */
+static ALWAYS_INLINE void dot_u8_rows(const struct dot_codes *w, const int8_t *x,
+                                      const int32_t *starts, const int rows, vi *isum)
+{
+    for (int r = 0; r < rows; r++)
+        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
+                                   u8_chunks(w, x + 32 * r, 0, 8));
+}
+
+/* As dot_u8_rows, over activations 0..15 (isum0, from starts[2 r]) and 16..31 (isum1, from
+ * starts[2 r + 1]). */
+static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
+                                        const int32_t *starts, const int rows, vi *isum0,
+                                        vi *isum1)
+{
+    for (int r = 0; r < rows; r++) {
+        isum0[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
+                                    u8_chunks(w, x + 32 * r, 0, 4));
+        isum1[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r + 1]),
+                                    u8_chunks(w, x + 32 * r, 4, 8));
+    }
+}
+
+/* isum[r] = starts[2 r] + sum of w * x_r for q8_0 weights w. */
 static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x,
                                       const int32_t *starts, const int rows, vi *isum)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < rows; r++) isum[r] = _mm256_set1_epi32(starts[r]);
+    for (int r = 0; r < rows; r++) isum[r] = _mm256_set1_epi32(starts[2 * r]);
     for (int j = 0; j < 8; j++) {
         const __m256i magnitude = _mm256_abs_epi8(w->code[j]);
         for (int r = 0; r < rows; r++) {

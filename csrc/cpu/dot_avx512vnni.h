@@ -28,6 +28,7 @@ static inline dv dv_set1(float a) { return _mm512_set1_ps(a); }
 static inline dv dv_add(dv a, dv b) { return _mm512_add_ps(a, b); }
 static inline dv dv_mul(dv a, dv b) { return _mm512_mul_ps(a, b); }
 static inline void dv_store(float *p, dv v) { _mm512_storeu_ps(p, v); }
+static inline dv dv_load(const float *p) { return _mm512_loadu_ps(p); }
 
 static inline dv dv_load_half(const uint16_t *p)
 {
@@ -58,7 +59,7 @@ static inline __m512i broadcast_four(const int8_t *x)
     return _mm512_set1_epi32(four);
 }
 
-/* isum[r] = starts[r] + the sum over the block of code * x_r for rows r < `rows`, row r's
+/* isum[r] = starts[2 r] + the sum over the block of code * x_r for rows r < `rows`, row r's
  * activations at x + 32 r. Rows are interleaved so that independent vpdpbusd chains overlap;
  * up to 4 rows each also run two chains, added at the end. */
 static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
@@ -67,7 +68,7 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
     __m512i other[DOT_TILE_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
-        isum[r] = _mm512_set1_epi32(starts[r]);
+        isum[r] = _mm512_set1_epi32(starts[2 * r]);
         other[r] = _mm512_setzero_si512();
     }
     const int split = rows <= 4;
@@ -85,6 +86,32 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
         if (split) isum[r] = _mm512_add_epi32(isum[r], other[r]);
 }
 
-/* q4 codes are 0..15; q8_0 codes are w + 128 (the starts hold -128 sum(x)). */
+/* isum0[r] = starts[2 r] + the sum over the block's activations 0..15 of code * x_r, isum1[r]
+ * = starts[2 r + 1] + the sum over 16..31 (chunks 0..3 and 4..7). */
+static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
+                                        const int32_t *starts, const int rows, vi *isum0,
+                                        vi *isum1)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) {
+        isum0[r] = _mm512_set1_epi32(starts[2 * r]);
+        isum1[r] = _mm512_set1_epi32(starts[2 * r + 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const int8_t *row = x + QUANT_BLOCK * r;
+            isum0[r] = _mm512_dpbusd_epi32(isum0[r], w->code[j], broadcast_four(row + 4 * j));
+            isum1[r] = _mm512_dpbusd_epi32(isum1[r], w->code[j + 4],
+                                           broadcast_four(row + 16 + 4 * j));
+        }
+    }
+}
+
+/* q4 codes are 0..15; byte codes are unsigned (q8_0's are w + 128: the starts hold
+ * -128 sum(x)), and load as they are stored. */
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
+#define dot_u8_rows dot_rows
+#define dot_load_u8 dot_load_q8

@@ -5,13 +5,18 @@
  * Invariant: each activation row is quantized on its own (quantize_rows), and output element
  * (m, n) is, whatever the level, tile or thread:
  *     acc = 0; for block b = 0, 1, ... in order:
- *         q8_0, q4_0: acc = acc + (d_w * d_x) * (float)isum
- *         q4_1:       acc = acc + ((d_w * d_x) * (float)isum + m_w * (d_x * (float)sum(q_x)))
+ *         q8_0, q4_0, q5_0:        acc = acc + (s_w * d_x) * (float)isum
+ *         q4_1, q5_1, q4_k, q5_k:  acc = acc + ((s_w * d_x) * (float)isum
+ *                                                + m_w * (d_x * (float)sum(q_x)))
+ *         q6_k:                    acc = acc + ((s0_w * d_x) * (float)isum0
+ *                                                + (s1_w * d_x) * (float)isum1)
  *     out = acc (+ bias)
- * with isum the exact integer sum over the block of w * q_x (q8_0), (q - 8) * q_x (q4_0) or
- * q * q_x (q4_1) (computed from the stored codes and a start value, q->starts, that takes
- * their offset out), each step one correctly rounded float operation. The integer sums are exact
- * and every level performs the same float steps, so the bits depend on K and the values only.
+ * with s_w, m_w the block's scale and minimum (kernels.h's dot layout) and isum the exact
+ * integer sum over the block (isum0, isum1 over its weights 0..15 and 16..31) of
+ * (code - offset) * q_x, computed from the stored codes and start values (q->starts) that take
+ * the offset out; each step is one correctly rounded float operation. The integer sums are
+ * exact and every level performs the same float steps, so the bits depend on K and the values
+ * only.
  */
 
 /* Activation rows [first, end) of p: per block of 32, d = max |x| / 127 and q = x / d rounded
@@ -64,10 +69,28 @@ struct dot_args {
     int columns;             /* columns of the part that exist, at most DOT_VW */
 };
 
+/* What the dot layout stores for a format (kernels.h); all compile-time constants in the
+ * instances below. */
+#define NIBBLE_CODES(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q4_1 || (F) == FORMAT_Q4_K)
+#define FLOAT_PARAMETERS(F) ((F) == FORMAT_Q4_K || (F) == FORMAT_Q5_K || (F) == FORMAT_Q6_K)
+#define HAS_MINIMUM(F) ((F) == FORMAT_Q4_1 || (F) == FORMAT_Q5_1 || (F) == FORMAT_Q4_K || \
+                        (F) == FORMAT_Q5_K)
+#define PARAMETER_BYTES(F) \
+    ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+
+/* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
+static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,
+                                      ptrdiff_t lane0)
+{
+    if (FLOAT_PARAMETERS(format))
+        return dv_load((const float *)record + which * DOT_GROUP + lane0);
+    return dv_load_half((const uint16_t *)record + which * DOT_GROUP + lane0);
+}
+
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
 {
     const struct quantized_rows *q = a->q;
-    const size_t codes = (format == FORMAT_Q4_1 ? 4 : 2) * DOT_GROUP; /* bytes of d (and m) */
+    const size_t codes = PARAMETER_BYTES(format);
     dv acc[DOT_TILE_ROWS];
     /* Unrolled row loops keep every accumulator in a register. */
 #pragma GCC unroll 8
@@ -79,26 +102,37 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         if (a->lane0 == 0)
             for (size_t line = 0; line < a->record_bytes; line += 64)
                 __builtin_prefetch(record + DOT_PREFETCH_RECORDS * a->record_bytes + line);
-        const dv scale = dv_load_half((const uint16_t *)record + a->lane0);
-        dv minimum = dv_zero();
-        if (format == FORMAT_Q4_1)
-            minimum = dv_load_half((const uint16_t *)record + DOT_GROUP + a->lane0);
+        const dv scale = dot_parameter(format, record, 0, a->lane0);
+        dv second = dv_zero();
+        if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
+            second = dot_parameter(format, record, 1, a->lane0);
         struct dot_codes w;
         const ptrdiff_t first = b * a->rows + a->first_row;
         const int8_t *x = q->values + first * QUANT_BLOCK;
-        vi isum[DOT_TILE_ROWS];
-        if (format == FORMAT_Q8_0) {
-            dot_load_q8(record + codes + 4 * a->lane0, &w);
-            dot_q8_rows(&w, x, q->starts + first, rows, isum);
-        } else {
+        const int32_t *starts = q->starts + 2 * first;
+        vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
+        if (NIBBLE_CODES(format)) {
             dot_load_q4(record + codes + 4 * a->lane0, &w);
-            dot_q4_rows(&w, x, q->starts + first, rows, isum);
+            dot_q4_rows(&w, x, starts, rows, isum);
+        } else if (format == FORMAT_Q8_0) {
+            dot_load_q8(record + codes + 4 * a->lane0, &w);
+            dot_q8_rows(&w, x, starts, rows, isum);
+        } else if (format == FORMAT_Q6_K) {
+            dot_load_u8(record + codes + 4 * a->lane0, &w);
+            dot_u8_halves(&w, x, starts, rows, isum, isum1);
+        } else {
+            dot_load_u8(record + codes + 4 * a->lane0, &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
-            dv term = dv_mul(dv_mul(scale, dv_set1(q->scales[first + r])), vi_to_dv(isum[r]));
-            if (format == FORMAT_Q4_1)
-                term = dv_add(term, dv_mul(minimum, dv_set1(q->scaled_sums[first + r])));
+            const dv activation_scale = dv_set1(q->scales[first + r]);
+            dv term = dv_mul(dv_mul(scale, activation_scale), vi_to_dv(isum[r]));
+            if (HAS_MINIMUM(format))
+                term = dv_add(term, dv_mul(second, dv_set1(q->scaled_sums[first + r])));
+            else if (format == FORMAT_Q6_K)
+                term = dv_add(term, dv_mul(dv_mul(second, activation_scale),
+                                           vi_to_dv(isum1[r])));
             acc[r] = dv_add(acc[r], term);
         }
     }
@@ -140,19 +174,23 @@ typedef void (*dot_function)(const struct dot_args *a);
 #error "a part of DOT_VW columns must not straddle two groups"
 #endif
 
-DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4)
+DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4) DOT_INSTANCES(5) DOT_INSTANCES(6)
+DOT_INSTANCES(7) DOT_INSTANCES(8) DOT_INSTANCES(9)
 
-static const dot_function dot_tiles[3][DOT_TILE_ROWS] = {DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4)};
+/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9). */
+static const dot_function dot_tiles[FORMAT_COUNT - FORMAT_Q8_0][DOT_TILE_ROWS] = {
+    DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4), DOT_TABLE(5), DOT_TABLE(6), DOT_TABLE(7),
+    DOT_TABLE(8), DOT_TABLE(9)};
 
 /* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are
  * weight rows and never meet, so DOT_VW decides the speed, not the bits. */
 static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
-    const size_t block_bytes = BYTES_PER_32(p->format);
     const ptrdiff_t blocks = p->depth / QUANT_BLOCK;
-    struct dot_args a = {.record_bytes = DOT_GROUP * block_bytes, .blocks = blocks,
-                         .rows = p->rows, .q = p->quantized, .out_stride = p->columns};
+    struct dot_args a = {.record_bytes = (size_t)FORMAT_ROWS[p->format].dot_record_bytes,
+                         .blocks = blocks,
+                         .rows = p->rows, .q = p->quantized, .out_stride = p->out_stride ? p->out_stride : p->columns};
     for (ptrdiff_t n = first; n < end; n += DOT_VW) {
         const ptrdiff_t group = n / DOT_GROUP;
         a.records = p->weight + (size_t)(group * blocks) * a.record_bytes;
@@ -162,7 +200,7 @@ static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, 
         for (ptrdiff_t m = 0; m < p->rows; m += DOT_TILE_ROWS) {
             const int rows = (int)min_index(DOT_TILE_ROWS, p->rows - m);
             a.first_row = m;
-            a.out = p->out + m * p->columns + n;
+            a.out = p->out + m * a.out_stride + n;
             dot_tiles[p->format - FORMAT_Q8_0][rows - 1](&a);
         }
     }

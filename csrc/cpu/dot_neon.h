@@ -29,6 +29,7 @@ static inline dv dv_set1(float a) { return vdupq_n_f32(a); }
 static inline dv dv_add(dv a, dv b) { return vaddq_f32(a, b); }
 static inline dv dv_mul(dv a, dv b) { return vmulq_f32(a, b); }
 static inline void dv_store(float *p, dv v) { vst1q_f32(p, v); }
+static inline dv dv_load(const float *p) { return vld1q_f32(p); }
 
 static inline dv dv_load_half(const uint16_t *p)
 {
@@ -50,6 +51,12 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* Unsigned byte codes as stored. */
+static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++) widen_unsigned(vld1q_u8(chunks + j * DOT_CHUNK), w->code[j]);
+}
+
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {
     for (int j = 0; j < 8; j++) {
@@ -60,10 +67,11 @@ static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
-static inline vi dot_codes_sum(const struct dot_codes *w, const int8_t *x)
+/* The sum over chunks [from, to) of code * x. */
+static inline vi dot_codes_sum(const struct dot_codes *w, const int8_t *x, int from, int to)
 {
     int32x4_t low = vdupq_n_s32(0), high = vdupq_n_s32(0);
-    for (int j = 0; j < 8; j++) {
+    for (int j = from; j < to; j++) {
         uint32_t four;
         memcpy(&four, x + 4 * j, sizeof four);
         int16x8_t xs = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(four)));
@@ -73,14 +81,25 @@ static inline vi dot_codes_sum(const struct dot_codes *w, const int8_t *x)
     return vpaddq_s32(low, high);
 }
 
-/* isum[r] = starts[r] + the sum over the block of code * x_r, row r's activations at
- * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights. */
+/* isum[r] = starts[2 r] + the sum over the block of code * x_r, row r's activations at
+ * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights, byte codes unsigned. */
 static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
                             const int rows, vi *isum)
 {
     for (int r = 0; r < rows; r++)
-        isum[r] = vaddq_s32(vdupq_n_s32(starts[r]), dot_codes_sum(w, x + 32 * r));
+        isum[r] = vaddq_s32(vdupq_n_s32(starts[2 * r]), dot_codes_sum(w, x + 32 * r, 0, 8));
+}
+
+/* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */
+static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
+                                 const int32_t *starts, const int rows, vi *isum0, vi *isum1)
+{
+    for (int r = 0; r < rows; r++) {
+        isum0[r] = vaddq_s32(vdupq_n_s32(starts[2 * r]), dot_codes_sum(w, x + 32 * r, 0, 4));
+        isum1[r] = vaddq_s32(vdupq_n_s32(starts[2 * r + 1]), dot_codes_sum(w, x + 32 * r, 4, 8));
+    }
 }
 
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
+#define dot_u8_rows dot_rows

@@ -33,6 +33,7 @@ static inline dv dv_set1(float a) { dv r; DV_LANEWISE(a); return r; }
 static inline dv dv_add(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] + b.lane[i]); return r; }
 static inline dv dv_mul(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] * b.lane[i]); return r; }
 static inline void dv_store(float *p, dv v) { memcpy(p, v.lane, sizeof v.lane); }
+static inline dv dv_load(const float *p) { dv r; memcpy(r.lane, p, sizeof r.lane); return r; }
 static inline dv dv_load_half(const uint16_t *p)
 {
     dv r;
@@ -51,6 +52,14 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
             }
 }
 
+/* Unsigned byte codes as stored. */
+static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int j = 0; j < 8; j++)
+        for (int c = 0; c < DOT_VW; c++)
+            for (int i = 0; i < 4; i++) w->code[j][c][i] = chunks[j * DOT_CHUNK + 4 * c + i];
+}
+
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {
     for (int j = 0; j < 8; j++)
@@ -59,26 +68,39 @@ static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
                 w->code[j][c][i] = (int16_t)((int)chunks[j * DOT_CHUNK + 4 * c + i] - 128);
 }
 
-/* start + the sum over the block of code * x. */
-static inline vi dot_codes_sum(vi start, const struct dot_codes *w, const int8_t *x)
+/* start + the sum over chunks [from, to) of code * x. */
+static inline vi dot_codes_sum(vi start, const struct dot_codes *w, const int8_t *x, int from,
+                               int to)
 {
     vi r;
     for (int c = 0; c < DOT_VW; c++) {
         int32_t total = start.lane[c];
-        for (int j = 0; j < 8; j++)
+        for (int j = from; j < to; j++)
             for (int i = 0; i < 4; i++) total += (int32_t)w->code[j][c][i] * x[4 * j + i];
         r.lane[c] = total;
     }
     return r;
 }
 
-/* isum[r] = starts[r] + the sum over the block of code * x_r, row r's activations at
- * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights. */
+/* isum[r] = starts[2 r] + the sum over the block of code * x_r, row r's activations at
+ * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights, byte codes unsigned. */
 static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
                             const int rows, vi *isum)
 {
-    for (int r = 0; r < rows; r++) isum[r] = dot_codes_sum(vi_set1(starts[r]), w, x + 32 * r);
+    for (int r = 0; r < rows; r++)
+        isum[r] = dot_codes_sum(vi_set1(starts[2 * r]), w, x + 32 * r, 0, 8);
+}
+
+/* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */
+static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
+                                 const int32_t *starts, const int rows, vi *isum0, vi *isum1)
+{
+    for (int r = 0; r < rows; r++) {
+        isum0[r] = dot_codes_sum(vi_set1(starts[2 * r]), w, x + 32 * r, 0, 4);
+        isum1[r] = dot_codes_sum(vi_set1(starts[2 * r + 1]), w, x + 32 * r, 4, 8);
+    }
 }
 
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
+#define dot_u8_rows dot_rows

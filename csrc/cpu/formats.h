@@ -7,29 +7,43 @@
 #ifndef EXACTDRAFT_CPU_FORMATS_H
 #define EXACTDRAFT_CPU_FORMATS_H
 
-/* X(ID, code, name, weights per block, bytes per block) */
-#define WEIGHT_FORMATS(X)             \
-    X(F32, 0, "f32", 1, 4)            \
-    X(BF16, 1, "bf16", 1, 2)          \
-    X(Q8_0, 2, "q8_0", 32, 34)        \
-    X(Q4_0, 3, "q4_0", 32, 18)        \
-    X(Q4_1, 4, "q4_1", 32, 20)
+/* X(ID, code, name, weights per block, bytes per block, float kernel, dot record bytes)
+ * float kernel: the rows and grouped layouts (float activations) can multiply the format;
+ * dot record bytes: the dot layout's record for 16 rows and 32 weights (0: no dot kernel). */
+#define WEIGHT_FORMATS(X)                          \
+    X(F32, 0, "f32", 1, 4, 1, 0)                   \
+    X(BF16, 1, "bf16", 1, 2, 1, 0)                 \
+    X(Q8_0, 2, "q8_0", 32, 34, 1, 32 + 512)        \
+    X(Q4_0, 3, "q4_0", 32, 18, 1, 32 + 256)        \
+    X(Q4_1, 4, "q4_1", 32, 20, 1, 64 + 256)        \
+    X(Q5_0, 5, "q5_0", 32, 22, 0, 32 + 512)        \
+    X(Q5_1, 6, "q5_1", 32, 24, 0, 64 + 512)        \
+    X(Q4_K, 7, "q4_k", 256, 144, 0, 128 + 256)     \
+    X(Q5_K, 8, "q5_k", 256, 176, 0, 128 + 512)     \
+    X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)
 
-#define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES) FORMAT_##ID = CODE,
+#define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) FORMAT_##ID = CODE,
 enum weight_format { WEIGHT_FORMATS(FORMAT_ENUM_ENTRY) FORMAT_COUNT };
 #undef FORMAT_ENUM_ENTRY
+
+/* The formats with float kernels are codes 0 .. FLOAT_FORMAT_COUNT - 1. */
+#define FLOAT_FORMAT_COUNT 5
 
 struct format_row {
     const char *name;
     int block_size;  /* weights per block along K */
     int block_bytes;
+    int float_kernel;
+    int dot_record_bytes;
 };
 
-#define FORMAT_ROW_ENTRY(ID, CODE, NAME, BLOCK, BYTES) [CODE] = {NAME, BLOCK, BYTES},
+#define FORMAT_ROW_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) \
+    [CODE] = {NAME, BLOCK, BYTES, FLOAT, DOT},
 static const struct format_row FORMAT_ROWS[FORMAT_COUNT] = {WEIGHT_FORMATS(FORMAT_ROW_ENTRY)};
 #undef FORMAT_ROW_ENTRY
 
-/* Bytes of 32 consecutive weights of a row (the unit the grouped layout interleaves). */
+/* Bytes of 32 consecutive weights of a row (the unit the grouped layout interleaves), for the
+ * formats with float kernels. */
 #define BYTES_PER_32(format) \
     ((size_t)(32 / FORMAT_ROWS[format].block_size) * (size_t)FORMAT_ROWS[format].block_bytes)
 

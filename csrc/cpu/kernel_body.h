@@ -169,7 +169,8 @@ typedef void (*tile_function)(const struct tile_args *a);
 FORMAT_INSTANCES(0) FORMAT_INSTANCES(1) FORMAT_INSTANCES(2) FORMAT_INSTANCES(3)
 FORMAT_INSTANCES(4)
 
-static const tile_function tiles[FORMAT_COUNT][TILE_ROWS][TILE_COLUMNS] = {
+/* The float kernels' formats only (codes below FLOAT_FORMAT_COUNT). */
+static const tile_function tiles[FLOAT_FORMAT_COUNT][TILE_ROWS][TILE_COLUMNS] = {
     FORMAT_TABLE(0), FORMAT_TABLE(1), FORMAT_TABLE(2), FORMAT_TABLE(3), FORMAT_TABLE(4),
 };
 
@@ -184,7 +185,7 @@ static const tile_function tiles[FORMAT_COUNT][TILE_ROWS][TILE_COLUMNS] = {
 static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end)
 {
     const size_t block_bytes = BYTES_PER_32(p->format);
-    struct tile_args a = {.depth = p->depth, .x_stride = p->depth, .out_stride = p->columns,
+    struct tile_args a = {.depth = p->depth, .x_stride = p->depth, .out_stride = p->out_stride ? p->out_stride : p->columns,
                           .column_stride = p->row_bytes, .block_stride = block_bytes};
     for (ptrdiff_t m0 = 0; m0 < p->rows; m0 += ROW_BLOCK) {
         ptrdiff_t m1 = min_index(p->rows, m0 + ROW_BLOCK);
@@ -204,7 +205,7 @@ static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrd
             for (ptrdiff_t m = m0; m < m1; m += TILE_ROWS) {
                 int rows = (int)min_index(TILE_ROWS, m1 - m);
                 a.x = p->x + m * p->depth;
-                a.out = p->out + m * p->columns + n;
+                a.out = p->out + m * a.out_stride + n;
                 tiles[p->format][rows - 1][columns - 1](&a);
             }
         }

@@ -23,12 +23,18 @@ enum weight_layout { LAYOUT_ROWS = 0, LAYOUT_GROUPED = 1, LAYOUT_DOT = 2, LAYOUT
 /* Quantized formats hold blocks of 32 weights along K. */
 #define QUANT_BLOCK 32
 /* The dot layout (quantized formats only) stores the weight rows in groups of DOT_GROUP: for
- * group g and block b, one record of DOT_GROUP * block bytes holds the 16 float16 scales d, for
- * q4_1 the 16 float16 minimums m, then the weight codes in chunks of 64 bytes, 4 bytes per row
- * of the group: q8_0 chunk j (0..7) holds w[4j..4j+3] + 128 as unsigned bytes; q4_0 and q4_1
- * chunk t (0..3) holds bytes 4t..4t+3 of the GGUF block, whose low nibbles are elements
- * 4t..4t+3 and high nibbles elements 16+4t..16+4t+3. A last, partial group is padded with zero
- * blocks. */
+ * group g and block b of 32 weights, one record (FORMAT_ROWS' dot_record_bytes) holds the
+ * group's 16 block parameters, then the weight codes in chunks of 64 bytes, 4 bytes per row.
+ * Every format reads as w = scale * (code - offset) + minimum, code an unsigned integer:
+ * - parameters: q8_0, q4_0, q5_0: 16 float16 scales; q4_1, q5_1: 16 float16 scales, then 16
+ *   float16 minimums; q4_k, q5_k: 16 float32 scales d * sc, then 16 float32 minimums
+ *   -(dmin * m); q6_k: 16 float32 scales d * sc of weights 0..15, then 16 of weights 16..31;
+ * - codes: nibble formats (q4_0, q4_1, q4_k): chunk t (0..3) holds per row 4 bytes whose low
+ *   nibbles are codes 4t..4t+3 and high nibbles codes 16+4t..16+4t+3; byte formats (q8_0,
+ *   q5_0, q5_1, q5_k, q6_k): chunk j (0..7) holds per row codes 4j..4j+3, one byte each (q8_0
+ *   as w + 128);
+ * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 128, else 0.
+ * A last, partial group is padded with zero records. */
 #define DOT_GROUP 16
 #define DOT_CHUNK 64
 /* The grouped weight layout interleaves the blocks of this many consecutive weight rows:
@@ -47,16 +53,19 @@ struct quantized_rows {
     float *scales;           /* [K / 32, M]: d */
     float *scaled_sums;      /* [K / 32, M]: d * (float)sum(q) */
     int32_t *sums;           /* [K / 32, M]: sum(q) */
-    int32_t *starts;         /* [K / 32, M]: the integer sum a block's dot starts from, which
-                              * corrects for codes stored with an offset (set by the matmul) */
+    int32_t *starts;         /* [K / 32, M, 2]: the integer sums a block's dot starts from,
+                              * which take the codes' offset out (set by the matmul); the
+                              * second is q6_k's, for the block's weights 16..31, the first
+                              * covers the rest */
 };
 
 struct matmul_problem {
     const float *x;          /* [M, K] */
     const uint8_t *weight;   /* [N, row_bytes] (rows, grouped) or dot records */
     const float *bias;       /* [N] or NULL */
-    float *out;              /* [M, N] */
+    float *out;              /* [M, N], rows out_stride apart */
     ptrdiff_t rows, depth, columns;  /* M, K, N */
+    ptrdiff_t out_stride;    /* floats from one output row to the next (0: N) */
     size_t row_bytes;
     int format;
     int layout;              /* enum weight_layout; grouped and dot need depth % 32 == 0 */
@@ -77,6 +86,11 @@ struct attention_problem {
     float *out;              /* [M, Hq, D] */
     ptrdiff_t rows, heads, kv_heads, capacity, head_dim, window;
     float scale;
+    /* A token tree, or NULL: row r sees the key of logical position tree_base + d (d up to
+     * its depth) in slot tree_base + tree_paths[r * rows + d], the slot of its ancestor at
+     * depth d; keys before tree_base are in their own slots. [M, M] */
+    const int32_t *tree_paths;
+    ptrdiff_t tree_base;
 };
 
 struct rows_problem {

@@ -10,24 +10,31 @@
 #include "dispatch.h"
 #include "module_args.h"
 #include "module_layer.h"
+#include "pack_dot.h"
 #include "thread_pool.h"
 
-/* matmul(x, rows, depth, weight, columns, format, layout, bias_or_0, out); layout is a
- * weight_layout code (kernels.h). */
+/* matmul(x, rows, depth, weight, columns, format, layout, bias_or_0, out, out_stride); layout is
+ * a weight_layout code (kernels.h), out_stride the floats between output rows (0: columns). */
 static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct matmul_problem p = {0};
     void *x, *weight, *bias, *out;
-    Py_ssize_t rows, depth, columns, format, layout;
-    if (expect_arguments(nargs, 9, "matmul") || take_pointer(args[0], "x", 0, &x) ||
+    Py_ssize_t rows, depth, columns, format, layout, out_stride;
+    if (expect_arguments(nargs, 10, "matmul") || take_pointer(args[0], "x", 0, &x) ||
         take_size(args[1], "rows", 1, &rows) || take_size(args[2], "depth", 1, &depth) ||
         take_pointer(args[3], "weight", 0, &weight) ||
         take_size(args[4], "columns", 1, &columns) || take_size(args[5], "format", 0, &format) ||
         take_size(args[6], "layout", 0, &layout) || take_pointer(args[7], "bias", 1, &bias) ||
-        take_pointer(args[8], "out", 0, &out) ||
+        take_pointer(args[8], "out", 0, &out) || take_size(args[9], "out_stride", 0, &out_stride) ||
         check_weight_codes("weight", format, layout, depth))
         return NULL;
+    if (out_stride && out_stride < columns) {
+        PyErr_Format(PyExc_ValueError, "out_stride %zd is below columns %zd", out_stride,
+                     columns);
+        return NULL;
+    }
+    p.out_stride = out_stride;
     p.x = x;
     p.weight = weight;
     p.bias = bias;
@@ -70,14 +77,15 @@ static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 /* attention(q, rows, heads, head_dim, keys, values, kv_heads, capacity, positions, window,
- *           scale, out) */
+ *           scale, out, tree_paths, tree_base): tree_paths 0 for a chain, else int32 [rows,
+ *           rows] with row r at position tree_base + its depth (attention_problem). */
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct attention_problem p;
-    void *q, *keys, *values, *positions, *out;
-    Py_ssize_t rows, heads, head_dim, kv_heads, capacity, window;
-    if (expect_arguments(nargs, 12, "attention") || take_pointer(args[0], "q", 0, &q) ||
+    void *q, *keys, *values, *positions, *out, *tree_paths;
+    Py_ssize_t rows, heads, head_dim, kv_heads, capacity, window, tree_base;
+    if (expect_arguments(nargs, 14, "attention") || take_pointer(args[0], "q", 0, &q) ||
         take_size(args[1], "rows", 1, &rows) || take_size(args[2], "heads", 1, &heads) ||
         take_size(args[3], "head_dim", 1, &head_dim) ||
         take_pointer(args[4], "keys", 0, &keys) || take_pointer(args[5], "values", 0, &values) ||
@@ -85,7 +93,9 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
         take_size(args[7], "capacity", 1, &capacity) ||
         take_pointer(args[8], "positions", 0, &positions) ||
         take_size(args[9], "window", 0, &window) || take_float(args[10], &p.scale) ||
-        take_pointer(args[11], "out", 0, &out))
+        take_pointer(args[11], "out", 0, &out) ||
+        take_pointer(args[12], "tree_paths", 1, &tree_paths) ||
+        take_size(args[13], "tree_base", 0, &tree_base))
         return NULL;
     if (heads % kv_heads) {
         PyErr_Format(PyExc_ValueError, "heads (%zd) must be a multiple of kv_heads (%zd)", heads,
@@ -108,6 +118,22 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         work += (double)(position[m] + 1);
     }
+    if (tree_paths) {
+        int32_t *depths = malloc((size_t)rows * sizeof(int32_t));
+        if (!depths) return PyErr_NoMemory();
+        for (Py_ssize_t m = 0; m < rows; m++)
+            depths[m] = (int32_t)(position[m] - tree_base < 0 ? -1 : position[m] - tree_base);
+        const int bad = tree_base + rows > capacity || check_tree(depths, tree_paths, rows);
+        free(depths);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "tree slots %zd..%zd do not fit %zd positions",
+                             tree_base, tree_base + rows - 1, capacity);
+            return NULL;
+        }
+    }
+    p.tree_paths = tree_paths;
+    p.tree_base = tree_base;
     p.q = q;
     p.keys = keys;
     p.values = values;
@@ -203,7 +229,29 @@ static PyObject *py_gelu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
     return gated(args, nargs, "gelu_mul", run_gelu_mul);
 }
 
-/* format_table(): ((code, name, weights per block, bytes per block), ...) of formats.h. */
+/* pack_dot(format, source, rows, depth, records): GGUF rows into dot-layout records. */
+static PyObject *py_pack_dot(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *source, *records;
+    Py_ssize_t format, rows, depth;
+    if (expect_arguments(nargs, 5, "pack_dot") || take_size(args[0], "format", 0, &format) ||
+        take_pointer(args[1], "source", 0, &source) || take_size(args[2], "rows", 1, &rows) ||
+        take_size(args[3], "depth", 1, &depth) || take_pointer(args[4], "records", 0, &records))
+        return NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS status = pack_dot_records((int)format, source, rows, depth, records);
+    Py_END_ALLOW_THREADS
+    if (status) {
+        PyErr_Format(PyExc_ValueError, "pack_dot: format code %zd with depth %zd has no dot "
+                     "layout", format, depth);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* format_table(): ((code, name, weights per block, bytes per block, float kernel, dot record
+ * bytes), ...) of formats.h. */
 static PyObject *py_format_table(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -212,8 +260,9 @@ static PyObject *py_format_table(PyObject *self, PyObject *unused)
     if (!rows) return NULL;
     for (int code = 0; code < FORMAT_COUNT; code++) {
         const struct format_row *row = &FORMAT_ROWS[code];
-        PyObject *entry = Py_BuildValue("(isii)", code, row->name, row->block_size,
-                                        row->block_bytes);
+        PyObject *entry = Py_BuildValue("(isiiii)", code, row->name, row->block_size,
+                                        row->block_bytes, row->float_kernel,
+                                        row->dot_record_bytes);
         if (!entry) {
             Py_DECREF(rows);
             return NULL;
@@ -302,6 +351,8 @@ static PyMethodDef methods[] = {
     {"gelu_mul", (PyCFunction)(void (*)(void))py_gelu_mul, METH_FASTCALL,
      "gelu_tanh(gate) * up"},
     {"format_table", py_format_table, METH_NOARGS, "the weight formats of formats.h"},
+    {"pack_dot", (PyCFunction)(void (*)(void))py_pack_dot, METH_FASTCALL,
+     "GGUF block rows into dot-layout records"},
     {"set_num_threads", py_set_num_threads, METH_O, "set the pool size; returns the count"},
     {"num_threads", py_num_threads, METH_NOARGS, "threads that run kernels"},
     {"simd_level", py_simd_level, METH_NOARGS, "the active SIMD level"},

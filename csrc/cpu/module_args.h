@@ -88,9 +88,15 @@ static inline int check_weight_codes(const char *name, Py_ssize_t format, Py_ssi
         PyErr_Format(PyExc_ValueError, "%s: unknown weight layout code %zd", name, layout);
         return -1;
     }
-    if (layout == LAYOUT_DOT && format < FORMAT_Q8_0) {
-        PyErr_Format(PyExc_ValueError, "%s: the dot layout needs a quantized format, got code %zd",
-                     name, format);
+    const struct format_row *row = &FORMAT_ROWS[format];
+    if (layout == LAYOUT_DOT && !row->dot_record_bytes) {
+        PyErr_Format(PyExc_ValueError, "%s: the dot layout has no kernel for %s weights", name,
+                     row->name);
+        return -1;
+    }
+    if (layout != LAYOUT_DOT && !row->float_kernel) {
+        PyErr_Format(PyExc_ValueError, "%s: %s weights are multiplied in the dot layout only",
+                     name, row->name);
         return -1;
     }
     if ((format >= FORMAT_Q8_0 || layout != LAYOUT_ROWS) && depth % QUANT_BLOCK) {
@@ -98,6 +104,36 @@ static inline int check_weight_codes(const char *name, Py_ssize_t format, Py_ssi
                      "%s: quantized or grouped weights need depth %% 32 == 0, got %zd", name,
                      depth);
         return -1;
+    }
+    if (depth % row->block_size) {
+        PyErr_Format(PyExc_ValueError, "%s: %s weights need depth %% %d == 0, got %zd", name,
+                     row->name, row->block_size, depth);
+        return -1;
+    }
+    return 0;
+}
+
+/* A token tree of `rows` rows (attention_problem.tree_paths): depths[r] in [0, r], and each
+ * path entry d <= depths[r] a row of depth d, the last one r itself, so every key a row reads
+ * was written by a row of its own pass. */
+static inline int check_tree(const int32_t *depths, const int32_t *paths, Py_ssize_t rows)
+{
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int32_t depth = depths[r];
+        if (depth < 0 || depth > r || paths[r * rows + depth] != r) {
+            PyErr_Format(PyExc_ValueError, "tree row %zd: depth %d or its path's end is invalid",
+                         r, (int)depth);
+            return -1;
+        }
+        for (int32_t d = 0; d < depth; d++) {
+            const int32_t ancestor = paths[r * rows + d];
+            if (ancestor < 0 || ancestor >= r || depths[ancestor] != d) {
+                PyErr_Format(PyExc_ValueError,
+                             "tree row %zd: path entry %d (row %d) is not a row of depth %d "
+                             "before it", r, (int)d, (int)ancestor, (int)d);
+                return -1;
+            }
+        }
     }
     return 0;
 }

@@ -13,31 +13,52 @@
 
 #define PLAN_CAPSULE "exactdraft._cpu_kernels.layer_plan"
 
-/* (data, bias_or_0, columns, depth, format, layout) of a weight that must be [columns, depth]. */
+/* A weight that must be [columns, depth]: a tuple of 1 to MAX_WEIGHT_PARTS parts stacked along
+ * the output, each (data, bias_or_0, part columns, depth, format, layout). */
 static int take_weight(PyObject *arg, const char *name, Py_ssize_t columns, Py_ssize_t depth,
                        struct layer_weight *out)
 {
-    if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 6) {
-        PyErr_Format(PyExc_TypeError, "%s must be a tuple (data, bias, columns, depth, format, "
-                     "layout)", name);
+    if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) < 1 ||
+        PyTuple_GET_SIZE(arg) > MAX_WEIGHT_PARTS) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple of 1 to %d parts", name,
+                     MAX_WEIGHT_PARTS);
         return -1;
     }
-    void *data, *bias;
-    Py_ssize_t found_columns, found_depth, format, layout;
-    PyObject *const *item = &PyTuple_GET_ITEM(arg, 0);
-    if (take_pointer(item[0], name, 0, &data) || take_pointer(item[1], name, 1, &bias) ||
-        take_size(item[2], name, 1, &found_columns) || take_size(item[3], name, 1, &found_depth) ||
-        take_size(item[4], name, 0, &format) || take_size(item[5], name, 0, &layout) ||
-        check_weight_codes(name, format, layout, found_depth))
-        return -1;
-    if (found_columns != columns || found_depth != depth) {
-        PyErr_Format(PyExc_ValueError, "%s is [%zd, %zd], the layer needs [%zd, %zd]", name,
-                     found_columns, found_depth, columns, depth);
+    *out = (struct layer_weight){.columns = columns, .depth = depth,
+                                 .parts = (int)PyTuple_GET_SIZE(arg)};
+    Py_ssize_t total = 0;
+    for (int i = 0; i < out->parts; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(arg, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 6) {
+            PyErr_Format(PyExc_TypeError, "%s part %d must be a tuple (data, bias, columns, "
+                         "depth, format, layout)", name, i);
+            return -1;
+        }
+        void *data, *bias;
+        Py_ssize_t part_columns, found_depth, format, layout;
+        PyObject *const *item = &PyTuple_GET_ITEM(entry, 0);
+        if (take_pointer(item[0], name, 0, &data) || take_pointer(item[1], name, 1, &bias) ||
+            take_size(item[2], name, 1, &part_columns) ||
+            take_size(item[3], name, 1, &found_depth) || take_size(item[4], name, 0, &format) ||
+            take_size(item[5], name, 0, &layout) ||
+            check_weight_codes(name, format, layout, found_depth))
+            return -1;
+        if (found_depth != depth) {
+            PyErr_Format(PyExc_ValueError, "%s part %d has depth %zd, the layer needs %zd", name,
+                         i, found_depth, depth);
+            return -1;
+        }
+        out->part[i] = (struct weight_part){
+            .data = data, .bias = bias, .columns = part_columns,
+            .row_bytes = weight_row_bytes(format, depth), .format = (int)format,
+            .layout = (int)layout};
+        total += part_columns;
+    }
+    if (total != columns) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd output columns, the layer needs %zd", name,
+                     total, columns);
         return -1;
     }
-    *out = (struct layer_weight){.data = data, .bias = bias, .columns = columns, .depth = depth,
-                                 .row_bytes = weight_row_bytes(format, depth),
-                                 .format = (int)format, .layout = (int)layout};
     return 0;
 }
 
@@ -106,30 +127,64 @@ PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return capsule;
 }
 
-/* decoder_layer(plan, hidden, out, rows, keys, values, capacity, start, cos, sin) */
+#define MAX_SEQUENCES 256
+
+/* decoder_layer(plan, hidden, out, sequences, cos, sin): sequences is a tuple of (keys, values,
+ * capacity, start, rows, depths, tree_paths) per sequence, in the order their rows sit in
+ * hidden; depths and tree_paths are 0 for a chain (layer_sequence). */
 PyObject *py_decoder_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    void *hidden, *out, *keys, *values, *cos, *sin;
-    Py_ssize_t rows, capacity, start;
-    if (expect_arguments(nargs, 10, "decoder_layer")) return NULL;
+    void *hidden, *out, *cos, *sin;
+    if (expect_arguments(nargs, 6, "decoder_layer")) return NULL;
     const struct layer_plan *plan = PyCapsule_GetPointer(args[0], PLAN_CAPSULE);
     if (!plan || take_pointer(args[1], "hidden", 0, &hidden) ||
-        take_pointer(args[2], "out", 0, &out) || take_size(args[3], "rows", 1, &rows) ||
-        take_pointer(args[4], "keys", 0, &keys) || take_pointer(args[5], "values", 0, &values) ||
-        take_size(args[6], "capacity", 1, &capacity) || take_size(args[7], "start", 0, &start) ||
-        take_pointer(args[8], "cos", 0, &cos) || take_pointer(args[9], "sin", 0, &sin))
+        take_pointer(args[2], "out", 0, &out) || take_pointer(args[4], "cos", 0, &cos) ||
+        take_pointer(args[5], "sin", 0, &sin))
         return NULL;
-    if (start + rows > capacity) {
-        PyErr_Format(PyExc_ValueError, "positions %zd..%zd do not fit a KV buffer of %zd",
-                     start, start + rows - 1, capacity);
+    PyObject *list = args[3];
+    if (!PyTuple_Check(list) || PyTuple_GET_SIZE(list) < 1 ||
+        PyTuple_GET_SIZE(list) > MAX_SEQUENCES) {
+        PyErr_Format(PyExc_TypeError, "sequences must be a tuple of 1 to %d entries",
+                     MAX_SEQUENCES);
         return NULL;
+    }
+    struct layer_sequence sequences[MAX_SEQUENCES];
+    const int count = (int)PyTuple_GET_SIZE(list);
+    Py_ssize_t rows = 0;
+    for (int i = 0; i < count; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(list, i);
+        void *keys, *values, *depths, *tree_paths;
+        Py_ssize_t capacity, start, part;
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 7) {
+            PyErr_SetString(PyExc_TypeError, "a sequence is (keys, values, capacity, start, rows, "
+                                             "depths, tree_paths)");
+            return NULL;
+        }
+        PyObject *const *item = &PyTuple_GET_ITEM(entry, 0);
+        if (take_pointer(item[0], "keys", 0, &keys) || take_pointer(item[1], "values", 0, &values) ||
+            take_size(item[2], "capacity", 1, &capacity) || take_size(item[3], "start", 0, &start) ||
+            take_size(item[4], "rows", 1, &part) || take_pointer(item[5], "depths", 1, &depths) ||
+            take_pointer(item[6], "tree_paths", 1, &tree_paths))
+            return NULL;
+        if (!depths != !tree_paths) {
+            PyErr_SetString(PyExc_ValueError, "depths and tree_paths go together");
+            return NULL;
+        }
+        if (depths && check_tree(depths, tree_paths, part)) return NULL;
+        if (start + part > capacity) {
+            PyErr_Format(PyExc_ValueError, "positions %zd..%zd do not fit a KV buffer of %zd",
+                         start, start + part - 1, capacity);
+            return NULL;
+        }
+        sequences[i] = (struct layer_sequence){keys, values, capacity, start, part, depths,
+                                               tree_paths};
+        rows += part;
     }
     double work = (double)rows * (double)(plan->qkv.columns + plan->gate_up.columns) *
                   (double)plan->hidden_size;
     int status;
-    RUN(work, status = run_decoder_layer(plan, hidden, out, rows, keys, values, capacity, start,
-                                         cos, sin));
+    RUN(work, status = run_decoder_layer(plan, hidden, out, sequences, count, cos, sin));
     if (status) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -57,6 +57,22 @@ class DecoderLayer:
 
 
 @dataclass(frozen=True)
+class SequenceRows:
+    """One sequence's rows in a pass: `rows` rows whose keys and values go into slots start ..
+    of its buffers [Hkv, capacity, D]. A chain's rows sit at the positions of their slots; a
+    token tree's (tree_attention backends only) row r sits at position start + depths[r] and
+    attends to the keys before start and to its path, tree_paths[r, d] being the row of its
+    ancestor at depth d."""
+
+    keys: Array
+    values: Array
+    start: int
+    rows: int
+    depths: np.ndarray | None = None  # [rows] int32
+    tree_paths: np.ndarray | None = None  # [rows, rows] int32
+
+
+@dataclass(frozen=True)
 class LayerShape:
     """The sizes and settings of one decoder layer."""
 
@@ -119,10 +135,24 @@ class Backend(Protocol):
                   window: int, scale: float) -> Array:
         """Causal grouped-query attention of q [M, Hq, D] at absolute `positions` [M] over the
         buffers [Hkv, capacity, D]; a query at p sees keys j <= p (and p - j < window if
-        window > 0). Returns [M, Hq, D]."""
+        window > 0). Returns [M, Hq, D]. Backends with tree_attention also take
+        `tree_paths` [M, M] int32: the rows are a token tree whose root (row 0) sits at
+        positions[0], and row r sees the key of position positions[0] + d in the slot of row
+        tree_paths[r, d] (SequenceRows)."""
+
+    # Whether `attention` takes tree_paths and `kv_move` exists: token trees verified in one
+    # pass, each row with the bits of a serial step over its own path.
+    tree_attention: bool
+
+    def kv_move(self, buffer: Array, sources: np.ndarray, destinations: np.ndarray) -> Array:
+        """Copy positions `sources` of a key or value buffer to `destinations` (tree_attention
+        only: a verified path's keys move to the positions they stand for)."""
 
     def to_host(self, x: Array) -> np.ndarray:
         """A float32 numpy copy (or view) of x."""
+
+    def concatenate(self, parts: list[Array]) -> Array:
+        """The parts' rows, in order, as one array (a copy: no arithmetic)."""
 
     # -- declared capabilities -------------------------------------------------------------
 
@@ -136,10 +166,11 @@ class Backend(Protocol):
     def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
         """What run_layer needs for this layer, built once at load (fused_layers only)."""
 
-    def run_layer(self, plan: Any, hidden: Array, keys: Array, values: Array, start: int,
-                  cos: Array, sin: Array) -> Array:
-        """The decoder layer for rows at positions start.. (fused_layers only): writes their
-        keys and values into the buffers [Hkv, capacity, D] and returns the new hidden rows."""
+    def run_layer(self, plan: Any, hidden: Array, sequences: list[SequenceRows], cos: Array,
+                  sin: Array) -> Array:
+        """The decoder layer (fused_layers only) for the rows of one or more sequences, in the
+        order of `sequences`: writes each sequence's keys and values into its buffers and
+        returns the new hidden rows, each with the bits it gets with its sequence alone."""
 
 
 def dense_matrix(weight: Any) -> np.ndarray:
@@ -150,6 +181,15 @@ def dense_matrix(weight: Any) -> np.ndarray:
     return dense
 
 
+class WithoutTreeAttention:
+    """For backends that declare no tree attention: token trees are cut to chains for them."""
+
+    tree_attention = False
+
+    def kv_move(self, buffer: Array, sources: np.ndarray, destinations: np.ndarray) -> Array:
+        raise BackendError(f"{self!r} has no tree attention (tree_attention is False)")
+
+
 class WithoutFusedLayers:
     """For backends that declare no fused layers: the model runs the per-op body."""
 
@@ -158,6 +198,6 @@ class WithoutFusedLayers:
     def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
         raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")
 
-    def run_layer(self, plan: Any, hidden: Array, keys: Array, values: Array, start: int,
-                  cos: Array, sin: Array) -> Array:
+    def run_layer(self, plan: Any, hidden: Array, sequences: list[SequenceRows], cos: Array,
+                  sin: Array) -> Array:
         raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")

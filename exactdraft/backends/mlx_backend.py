@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, WithoutFusedLayers, dense_matrix
+from exactdraft.backends.base import (
+    BackendError,
+    WithoutFusedLayers,
+    WithoutTreeAttention,
+    dense_matrix,
+)
 from exactdraft.formats import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
 if TYPE_CHECKING:
@@ -77,7 +82,7 @@ class QuantizedLinear:
         self.shape = weight.shape
 
 
-class MLXBackend(WithoutFusedLayers):
+class MLXBackend(WithoutFusedLayers, WithoutTreeAttention):
     """Row-invariant ops on MLX arrays. `shaders`: None for MLX's own ops on device "cpu" and
     the Metal shaders on device "gpu"; "metal" or "emulator" to pick the shader engine (or a
     ready exactdraft.kernels.metal.MetalShaders, e.g. one with its own emulator cache)."""
@@ -280,6 +285,9 @@ class MLXBackend(WithoutFusedLayers):
             out = out + mx.matmul(part, value_span[:, start:start + block])
         out = (out / total).reshape(num_kv_heads, group, rows, head_dim)
         return out.transpose(2, 0, 1, 3).reshape(rows, num_heads, head_dim).astype(q.dtype)
+
+    def concatenate(self, parts: list[Any]) -> Any:
+        return _mx().concatenate(parts)
 
     def to_host(self, x: Any) -> np.ndarray:
         return np.array(x.astype(_mx().float32))

@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, WithoutFusedLayers, dense_matrix
+from exactdraft.backends.base import (
+    BackendError,
+    WithoutFusedLayers,
+    WithoutTreeAttention,
+    dense_matrix,
+)
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 ROW_MULTIPLE = 4
@@ -36,7 +41,7 @@ def _torch():
     return torch
 
 
-class TorchBackend(WithoutFusedLayers):
+class TorchBackend(WithoutFusedLayers, WithoutTreeAttention):
     """Row-invariant ops on torch tensors (device cpu)."""
 
     name = "torch"
@@ -167,6 +172,9 @@ class TorchBackend(WithoutFusedLayers):
             out = out + self._padded_matmul(part, value_span[:, start:start + block])
         out = (out / total).reshape(num_kv_heads, group, rows, head_dim)
         return out.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim).to(q.dtype)
+
+    def concatenate(self, parts: list[Any]) -> Any:
+        return _torch().cat(parts)
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.detach().float().cpu().numpy()

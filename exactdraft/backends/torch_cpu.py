@@ -5,11 +5,13 @@ that are row invariant by construction (each output element's K order depends on
 weight format only; attention reads fixed tiles aligned to absolute positions and nothing past
 a row's own position; thread partitions follow the weight shape), so no row ever depends on
 the row count, its place in the pass, or the thread count. Weights stay in their stored format:
-float32, bfloat16 (dtype="bfloat16"), or GGUF q8_0/q4_0/q4_1 blocks when a checkpoint is
-loaded with keep_quantized=True; activations and the KV cache are float32. Quantized weights
+float32, bfloat16 (dtype="bfloat16"), or GGUF blocks (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k,
+q5_k, q6_k) when a checkpoint is loaded with keep_quantized=True (the default);
+activations and the KV cache are float32. Quantized weights
 multiply int8-quantized activation rows with exact integer block sums by default
 (quantized_activations=True, as llama.cpp does; each row is quantized on its own, so rows stay
-invariant); quantized_activations=False keeps float32 activations.
+invariant); quantized_activations=False keeps float32 activations for q8_0/q4_0/q4_1 and
+dequantizes the other block formats to float32. q2_k and q3_k always dequantize.
 
 With fused_layers=True (the default) the backend declares fused layers: `run_layer` runs a whole
 decoder layer in one C call that makes the same kernel calls as the per-op methods, in the same
@@ -27,9 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import BackendError, DecoderLayer, LayerShape, dense_matrix
+from exactdraft.backends.base import (
+    BackendError,
+    DecoderLayer,
+    LayerShape,
+    SequenceRows,
+    dense_matrix,
+)
 from exactdraft.backends.torch_backend import TorchBackend
-from exactdraft.formats import QuantizedTensor
+from exactdraft.formats import QuantizedTensor, StackedWeight
 from exactdraft.kernels import cpu
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # enum layer_activation in decoder_layer.h
@@ -39,21 +47,31 @@ CPU_ARITHMETIC = "cpu-kernels-1"
 
 
 class Matrix:
-    """A packed weight and what a matmul call needs of it, looked up once."""
+    """Packed weights and what a matmul call needs of them, looked up once: one part, or parts
+    of different formats stacked along the output (each part's columns computed on their own,
+    so they have the bits of a matmul of that part alone)."""
 
-    def __init__(self, packed: cpu.PackedMatrix) -> None:
-        self.packed = packed  # keeps the data alive
-        self.columns, self.depth = packed.shape
-        self.shape = packed.shape
-        data = packed.data
-        self.address = data.ctypes.data if isinstance(data, np.ndarray) else data.data_ptr()
-        self.format = cpu.FORMAT_CODES[packed.format]
-        self.layout = packed.layout_code
+    def __init__(self, parts: list[cpu.PackedMatrix]) -> None:
+        self.packed = parts  # keeps the data alive
+        self.columns = sum(part.shape[0] for part in parts)
+        self.depth = parts[0].shape[1]
+        self.shape = (self.columns, self.depth)
+        # (address, first column, columns, format code, layout code) per part
+        self.parts = []
+        first = 0
+        for part in parts:
+            data = part.data
+            address = data.ctypes.data if isinstance(data, np.ndarray) else data.data_ptr()
+            self.parts.append((address, first, part.shape[0], cpu.FORMAT_CODES[part.format],
+                               part.layout_code))
+            first += part.shape[0]
+        self.layout = self.parts[0][4]
 
-    def plan_entry(self, bias: Any | None) -> tuple[int, int, int, int, int, int]:
-        """What the C layer plan takes for this weight and its bias."""
-        return (self.address, 0 if bias is None else bias.data_ptr(), self.columns, self.depth,
-                self.format, self.layout)
+    def plan_entry(self, bias: Any | None) -> tuple[tuple[int, int, int, int, int, int], ...]:
+        """What the C layer plan takes for this weight and its bias: one tuple per part."""
+        base = 0 if bias is None else bias.data_ptr()
+        return tuple((address, base and base + 4 * first, columns, self.depth, code, layout)
+                     for address, first, columns, code, layout in self.parts)
 
 
 class TorchCPUBackend(TorchBackend):
@@ -91,13 +109,21 @@ class TorchCPUBackend(TorchBackend):
         return self._torch.empty(shape, dtype=self._torch.float32)
 
     def matrix(self, weight: Any) -> Matrix:
+        parts = weight.parts if isinstance(weight, StackedWeight) else [weight]
+        return Matrix([self._pack(part) for part in parts])
+
+    def _pack(self, weight: Any) -> cpu.PackedMatrix:
         if isinstance(weight, QuantizedTensor):
-            layout = "dot" if self.quantized_activations else "grouped"
-            return Matrix(cpu.pack_matrix(weight, layout=layout))
+            row = weight.row
+            if self.quantized_activations and row.integer_dot:
+                return cpu.pack_matrix(weight, layout="dot")
+            if row.float_kernel:
+                return cpu.pack_matrix(weight, layout="grouped")
+            # No kernel for this format with these activations: its exact float32 values.
         dense = dense_matrix(weight)
         if self.dtype == "bfloat16":
-            return Matrix(cpu.pack_matrix(self._torch.from_numpy(dense).bfloat16()))
-        return Matrix(cpu.pack_matrix(dense))
+            return cpu.pack_matrix(self._torch.from_numpy(dense).bfloat16())
+        return cpu.pack_matrix(dense)
 
     def vector(self, values: np.ndarray) -> Any:
         return self._torch.from_numpy(np.array(values, dtype=np.float32))
@@ -110,11 +136,13 @@ class TorchCPUBackend(TorchBackend):
 
     def linear(self, x: Any, weight: Matrix, bias: Any | None = None) -> Any:
         x = x.contiguous()
-        rows = x.shape[0]
-        out = self._empty(rows, weight.columns)
-        self._native.matmul(x.data_ptr(), rows, weight.depth, weight.address, weight.columns,
-                            weight.format, weight.layout,
-                            0 if bias is None else bias.data_ptr(), out.data_ptr())
+        rows, columns = x.shape[0], weight.columns
+        out = self._empty(rows, columns)
+        base, bias_base = out.data_ptr(), 0 if bias is None else bias.data_ptr()
+        for address, first, part_columns, code, layout in weight.parts:
+            self._native.matmul(x.data_ptr(), rows, weight.depth, address, part_columns, code,
+                                layout, bias_base and bias_base + 4 * first, base + 4 * first,
+                                columns)
         return out
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
@@ -154,8 +182,10 @@ class TorchCPUBackend(TorchBackend):
             buffer[:, : previous.shape[1]] = previous
         return buffer
 
+    tree_attention = True
+
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
-                  window: int, scale: float) -> Any:
+                  window: int, scale: float, tree_paths: np.ndarray | None = None) -> Any:
         kv_heads, capacity, head_dim = keys.shape
         last = int(positions.max())
         if last >= capacity:
@@ -164,10 +194,19 @@ class TorchCPUBackend(TorchBackend):
         rows, heads = q.shape[0], q.shape[1]
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         out = self._empty(rows, heads, head_dim)
+        if tree_paths is not None:
+            tree_paths = np.ascontiguousarray(tree_paths, dtype=np.int32)
         self._native.attention(q.data_ptr(), rows, heads, head_dim, keys.data_ptr(),
                                values.data_ptr(), kv_heads, capacity, positions, window, scale,
-                               out.data_ptr())
+                               out.data_ptr(), 0 if tree_paths is None else tree_paths,
+                               int(positions[0]))
         return out
+
+    def kv_move(self, buffer: Any, sources: np.ndarray, destinations: np.ndarray) -> Any:
+        torch = self._torch
+        buffer[:, torch.from_numpy(np.asarray(destinations, dtype=np.int64))] = \
+            buffer[:, torch.from_numpy(np.asarray(sources, dtype=np.int64))]
+        return buffer
 
     def plan_layer(self, layer: DecoderLayer, shape: LayerShape) -> Any:
         if not self.fused_layers:
@@ -186,16 +225,18 @@ class TorchCPUBackend(TorchBackend):
             address(layer.post_attention_norm), address(layer.post_mlp_norm),
             ACTIVATION_CODES[s.activation])
 
-    def run_layer(self, plan: Any, hidden: Any, keys: Any, values: Any, start: int, cos: Any,
+    def run_layer(self, plan: Any, hidden: Any, sequences: list[SequenceRows], cos: Any,
                   sin: Any) -> Any:
-        """One decoder layer for rows at positions start..: writes the rows' keys and values
-        into the buffers [Hkv, capacity, D] and returns the new hidden [M, H]; bit for bit the
+        """One decoder layer for the rows of `sequences`: writes each one's keys and values
+        into its buffers [Hkv, capacity, D] and returns the new hidden [M, H]; bit for bit the
         per-op body (exactdraft.models.blocks.decoder_layer) on this backend."""
         hidden = hidden.contiguous()
-        rows = hidden.shape[0]
-        out = self._empty(rows, hidden.shape[1])
-        self._native.decoder_layer(plan, hidden.data_ptr(), out.data_ptr(), rows,
-                                   keys.data_ptr(), values.data_ptr(), keys.shape[1], start,
+        out = self._empty(*hidden.shape)
+        parts = tuple((s.keys.data_ptr(), s.values.data_ptr(), s.keys.shape[1], s.start, s.rows,
+                       0 if s.depths is None else np.ascontiguousarray(s.depths, np.int32),
+                       0 if s.tree_paths is None else np.ascontiguousarray(s.tree_paths, np.int32))
+                      for s in sequences)
+        self._native.decoder_layer(plan, hidden.data_ptr(), out.data_ptr(), parts,
                                    cos.data_ptr(), sin.data_ptr())
         return out
 

@@ -1,7 +1,10 @@
 """Drafters: cheap guesses of the next tokens, checked by the Verifier."""
 
-from exactdraft.drafters.base import DraftContext, Drafter
+from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
 from exactdraft.drafters.draft_model import DraftModel
+from exactdraft.drafters.mtp import MTPDrafter
 from exactdraft.drafters.prompt_lookup import PromptLookup
+from exactdraft.drafters.suffix import SuffixDrafter
 
-__all__ = ["DraftContext", "DraftModel", "Drafter", "PromptLookup"]
+__all__ = ["DraftContext", "DraftModel", "DraftTree", "Drafter", "MTPDrafter", "PromptLookup",
+           "SuffixDrafter"]

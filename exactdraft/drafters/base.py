@@ -7,11 +7,94 @@ stateful without any effect on the tokens a generation writes.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from exactdraft.sampling import KeyedSampler, SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Several guesses verified in one pass: node i guesses `tokens[i]` right after node
+    `parents[i]`, or right after the committed sequence when parents[i] is -1. Parents come
+    before their children. Siblings are alternatives: the verifier keeps the deepest path whose
+    every node equals the target's own sample, so at most one sibling can be kept."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"a DraftTree needs one parent per token, got {len(self.parents)} "
+                             f"parents for {len(self.tokens)} tokens")
+        for node, parent in enumerate(self.parents):
+            if not -1 <= parent < node:
+                raise ValueError(f"DraftTree node {node}: parent must be -1 or an earlier node, "
+                                 f"got {parent!r}")
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(parent == node - 1 for node, parent in enumerate(self.parents))
+
+    def first_path(self) -> list[int]:
+        """The tokens of the path that takes the first-listed child at every depth (the
+        drafter's favourite), for targets that verify chains only."""
+        path, at = [], -1
+        for node, parent in enumerate(self.parents):
+            if parent == at:
+                path.append(self.tokens[node])
+                at = node
+        return path
+
+    @classmethod
+    def from_continuations(cls, continuations: list[list[int]], nodes: int,
+                           min_probability: float = 0.0, width: int = 1) -> DraftTree:
+        """The most probable `nodes` nodes of the continuations' trie, at most `width` children
+        each, a node's probability being (continuations through it) / (all continuations), kept
+        while >= min_probability. Nodes are listed most probable first, so a node's first child is
+        its most frequent continuation and the tree's first path follows the most frequent branch
+        (among equals, the first listed continuation: the most recent)."""
+        total = len(continuations)
+        tokens: list[int] = []
+        parents: list[int] = []
+        # Candidates: (-count, order, parent node, depth, continuations through it).
+        candidates: list[tuple[int, int, int, int, list[list[int]]]] = []
+        order = 0
+
+        def offer(parent: int, depth: int, alive: list[list[int]]) -> None:
+            nonlocal order
+            groups: dict[int, list[list[int]]] = {}
+            for continuation in alive:
+                if len(continuation) > depth:
+                    groups.setdefault(continuation[depth], []).append(continuation)
+            for group in sorted(groups.values(), key=lambda group: -len(group))[:width]:
+                heapq.heappush(candidates, (-len(group), order, parent, depth, group))
+                order += 1
+
+        offer(-1, 0, continuations)
+        while candidates and len(tokens) < nodes:
+            count, _, parent, depth, group = heapq.heappop(candidates)
+            if -count / total < min_probability:
+                break
+            tokens.append(group[0][depth])
+            parents.append(parent)
+            offer(len(tokens) - 1, depth + 1, group)
+        return cls(tuple(tokens), tuple(parents))
+
+    def depth(self) -> int:
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
 
 
 @dataclass(frozen=True)
@@ -30,9 +113,10 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int], context: DraftContext) -> None:
         """Start a new generation for this prompt."""
 
-    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
+    def propose(self, sequence: Sequence[int], limit: int) -> list[int] | DraftTree:
         """Up to `limit` guesses for the tokens after `sequence` (prompt plus committed
-        output); an empty list means a plain serial step."""
+        output): a chain (a list) or a DraftTree of at most `limit` nodes; an empty list means
+        a plain serial step."""
 
     def accepted(self, proposed: int, accepted: int) -> None:
         """Feedback after verification: `accepted` of the `proposed` drafts were kept."""

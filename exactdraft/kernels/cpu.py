@@ -116,7 +116,7 @@ def matmul(x: Any, weight: Any, bias: Any = None, out: Any = None) -> Any:
     if rows:
         kernels.matmul(x_address, rows, depth, packed.address, columns,
                        FORMAT_CODES[packed.format], packed.layout_code, bias_address,
-                       out_address)
+                       out_address, 0)
     return out
 
 
@@ -141,10 +141,13 @@ def quantize_rows(x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 
 def attention(q: Any, keys: Any, values: Any, positions: Any, window: int, scale: float,
-              out: Any = None) -> Any:
+              out: Any = None, tree_paths: Any = None) -> Any:
     """Causal grouped-query attention of q [M, Hq, D] at absolute `positions` [M] over key and
     value buffers [Hkv, capacity, D]: a query at p sees keys j <= p (and p - j < window when
-    window > 0). Returns float32 [M, Hq, D]."""
+    window > 0). Returns float32 [M, Hq, D]. With `tree_paths` (int32 [M, M]) the rows are a
+    token tree: row 0 is its root at positions[0] = base, row r sits at base + its depth d_r,
+    and for base + d (d <= d_r) it reads the key in slot base + tree_paths[r, d], the row of its
+    ancestor at depth d; keys before base are read from their own slots."""
     kernels = _kernels()
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
         raise ValueError(f"window must be a non-negative integer, got {window!r}")
@@ -159,11 +162,16 @@ def attention(q: Any, keys: Any, values: Any, positions: Any, window: int, scale
         positions = positions.numpy()
     positions = np.ascontiguousarray(positions, dtype=np.int64)
     positions_address = address_of(positions, "positions", "int64", (rows,))
+    paths_address, base = 0, 0
+    if tree_paths is not None:
+        tree_paths = np.ascontiguousarray(tree_paths, dtype=np.int32)
+        paths_address = address_of(tree_paths, "tree_paths", "int32", (rows, rows))
+        base = int(positions[0]) if rows else 0
     out, out_address = output_for(out, q, (rows, heads, head_dim), (q, keys, values))
     if rows:
         kernels.attention(q_address, rows, heads, head_dim, keys_address, values_address,
                           kv_heads, capacity, positions_address, int(window), float(scale),
-                          out_address)
+                          out_address, paths_address, base)
     return out
 
 

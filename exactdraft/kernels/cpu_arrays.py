@@ -17,7 +17,8 @@ def is_torch(array: Any) -> bool:
     return type(array) is not np.ndarray and hasattr(array, "data_ptr")
 
 
-_NUMPY_DTYPES = {name: np.dtype(name) for name in ("float32", "uint8", "uint16", "int64")}
+_NUMPY_DTYPES = {name: np.dtype(name) for name in ("float32", "uint8", "uint16", "int32",
+                                                   "int64")}
 
 
 def address_of(array: Any, name: str, dtype: str, shape: tuple[int | None, ...]) -> Any:

@@ -99,20 +99,19 @@ def _group_rows(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return grouped
 
 
-def _dot_records(rows: np.ndarray, format: str) -> np.ndarray:
-    """A copy of uint8 GGUF rows [N, row bytes] in the dot layout (see PackedMatrix)."""
-    block_bytes, header = _bytes_per_block(format), 4 if format == "q4_1" else 2
-    count, blocks = rows.shape[0], rows.shape[1] // block_bytes
-    groups = -(-count // DOT_GROUP)
-    padded = np.zeros((groups * DOT_GROUP, blocks, block_bytes), np.uint8)
-    padded[:count] = rows.reshape(count, blocks, block_bytes)
-    by_block = padded.reshape(groups, DOT_GROUP, blocks, block_bytes).transpose(0, 2, 1, 3)
-    codes = by_block[..., header:].reshape(groups, blocks, DOT_GROUP, -1, 4)
-    halves = by_block[..., :header].reshape(groups, blocks, DOT_GROUP, header // 2, 2)
-    parts = (halves.transpose(0, 1, 3, 2, 4),  # the 16 scales d, then q4_1's 16 minimums m
-             codes.transpose(0, 1, 3, 2, 4) ^ np.uint8(0x80 if format == "q8_0" else 0))
-    records = np.concatenate([part.reshape(groups, blocks, -1) for part in parts], axis=-1)
-    return records.reshape(groups, -1)
+def _dot_records(rows: np.ndarray, format: str, depth: int) -> np.ndarray:
+    """A copy of uint8 GGUF rows [N, row bytes] in the dot layout (kernels.h), packed by the
+    extension (csrc/cpu/pack_dot.c): per group of DOT_GROUP rows and block of 32 weights, the
+    16 rows' parameters then their codes."""
+    from exactdraft import _cpu_kernels as native
+
+    code = FORMAT_ROWS[format].kernel
+    record_bytes = {row[0]: row[5] for row in native.format_table()}[code]
+    groups = -(-rows.shape[0] // DOT_GROUP)
+    records = np.empty((groups, depth // BLOCK_SIZE * record_bytes), np.uint8)
+    rows = np.ascontiguousarray(rows)
+    native.pack_dot(code, rows.ctypes.data, rows.shape[0], depth, records.ctypes.data)
+    return records
 
 
 def pack_matrix(weight: Any, format: str | None = None, depth: int | None = None,
@@ -134,10 +133,13 @@ def pack_matrix(weight: Any, format: str | None = None, depth: int | None = None
     packed = _pack_rows(weight, format, depth)
     if layout == "dot":
         if not FORMAT_ROWS[packed.format].integer_dot:
-            raise ValueError(f"the dot layout needs q8_0, q4_0 or q4_1 weights, not "
-                             f"{packed.format}")
-        records = _dot_records(_as_bytes(packed.data), packed.format)
+            known = ", ".join(name for name, row in FORMAT_ROWS.items() if row.integer_dot)
+            raise ValueError(f"the dot layout needs weights in {known}, not {packed.format}")
+        records = _dot_records(_as_bytes(packed.data), packed.format, packed.shape[1])
         return PackedMatrix(packed.format, packed.shape, records, "dot")
+    if not FORMAT_ROWS[packed.format].float_kernel:
+        raise ValueError(f"{packed.format} weights are multiplied in the dot layout only "
+                         f"(int8 activations), not the {layout!r} layout")
     if layout == "rows" or packed.shape[1] % BLOCK_SIZE:
         return packed
     grouped = _group_rows(_as_bytes(packed.data), _bytes_per_block(packed.format))

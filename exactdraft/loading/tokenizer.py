@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from exactdraft.errors import TokenizerError
+from exactdraft.loading.chat_template import ChatTemplate
+from exactdraft.loading.sentencepiece import sentencepiece_backend
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Tokens that close a turn or a document in the families we load; a special token of this name
@@ -122,16 +123,11 @@ class Tokenizer:
                                  "text or token ids instead")
         checked = check_messages(messages)
         if self._compiled_template is None:
-            self._compiled_template = _compile_template(self.chat_template)
-        variables = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
-                     **template_variables}
-        from jinja2 import TemplateError
-
-        try:
-            return self._compiled_template.render(
-                messages=checked, add_generation_prompt=add_generation_prompt, **variables)
-        except TemplateError as error:
-            raise TokenizerError(f"the chat template failed to render: {error}") from None
+            self._compiled_template = ChatTemplate(self.chat_template)
+        return self._compiled_template.render({
+            "bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
+            **template_variables, "messages": checked,
+            "add_generation_prompt": add_generation_prompt})
 
     # -- construction ----------------------------------------------------------------------
 
@@ -169,18 +165,30 @@ class Tokenizer:
 
             metadata = read_gguf_metadata(source)
         model = metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             raise TokenizerError(f"unsupported GGUF tokenizer model {model!r}; supported: gpt2 "
-                                 "(byte-level BPE)")
+                                 "(byte-level BPE), llama (SentencePiece-style)")
         tokens = list(metadata.get("tokenizer.ggml.tokens") or ())
-        if not tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
+        if not tokens or not all(isinstance(t, str) for t in tokens):
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens list of strings")
         token_types = list(metadata.get("tokenizer.ggml.token_type") or ())
         if token_types and len(token_types) != len(tokens):
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(token_types)} entries for "
                                  f"{len(tokens)} tokens")
-        backend = _byte_level_backend(tokens, list(metadata.get("tokenizer.ggml.merges") or ()),
-                                      token_types, metadata.get("tokenizer.ggml.pre", "default"))
+        if model == "llama":
+            scores = list(metadata.get("tokenizer.ggml.scores") or ())
+            if len(scores) != len(tokens):
+                raise TokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for "
+                                     f"{len(tokens)} tokens")
+            backend = sentencepiece_backend(
+                tokens, scores, token_types or [1] * len(tokens),
+                add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)),
+                unknown_token_id=metadata.get("tokenizer.ggml.unknown_token_id"))
+        else:
+            backend = _byte_level_backend(tokens,
+                                          list(metadata.get("tokenizer.ggml.merges") or ()),
+                                          token_types,
+                                          metadata.get("tokenizer.ggml.pre", "default"))
         extra_stops = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
         return cls(backend,
                    bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
@@ -209,33 +217,6 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
                                  f"{message.get('content')!r}")
         checked.append(dict(message))
     return checked
-
-
-def _compile_template(source: str) -> Any:
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TokenizerError(f"the chat template refused the messages: {message}")
-
-    def tojson(value: Any, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False, ensure_ascii: bool = False) -> str:
-        return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
-                          ensure_ascii=ensure_ascii)
-
-    def strftime_now(format: str) -> str:
-        return datetime.now().strftime(format)
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[loopcontrols])
-    environment.filters["tojson"] = tojson
-    environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = strftime_now
-    try:
-        return environment.from_string(source)
-    except TemplateError as error:
-        raise TokenizerError(f"the chat template does not compile: {error}") from None
 
 
 def _byte_level_backend(tokens: list[str], merges: list[str], token_types: list[int],

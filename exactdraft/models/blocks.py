@@ -9,8 +9,8 @@ fused layer must give its bits.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -81,10 +81,28 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], shape_of: Any, source:
                               "from the config")
 
 
+class SequencePart(NamedTuple):
+    """One sequence's rows in a pass: `rows` rows into slots start .. of its cache; a chain at
+    the positions of its slots, or a token tree (exactdraft.models.token_tree) whose row r sits
+    at start + depths[r] and sees its path's keys."""
+
+    cache: KVCache
+    start: int
+    rows: int
+    depths: np.ndarray | None = None  # [rows] int32
+    tree_paths: np.ndarray | None = None  # [rows, rows] int32
+
+    def positions(self) -> np.ndarray:
+        if self.depths is None:
+            return np.arange(self.start, self.start + self.rows, dtype=np.int64)
+        return self.start + self.depths.astype(np.int64)
+
+
 def decoder_layer(be: Backend, layer: DecoderLayer, shape: LayerShape, hidden: Any,
-                  cache: KVCache, index: int, start: int, positions: np.ndarray, cos: Any,
-                  sin: Any) -> Any:
-    """One decoder layer (DecoderLayer's docstring) for hidden rows [M, H] at `positions`."""
+                  sequences: Sequence[SequencePart], index: int, cos: Any, sin: Any) -> Any:
+    """One decoder layer (DecoderLayer's docstring) for hidden rows [M, H]: the rows of the
+    sequences in order, each attending to its own cache at layer `index`. Every op but
+    attention is row by row, so a row has the bits it gets with its sequence alone."""
     count = hidden.shape[0]
     heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     q_size, kv_size = heads * dim, kv_heads * dim
@@ -98,9 +116,16 @@ def decoder_layer(be: Backend, layer: DecoderLayer, shape: LayerShape, hidden: A
         k = be.rms_norm(k, layer.k_norm, shape.eps)
     q = be.rope(q, cos, sin)
     k = be.rope(k, cos, sin)
-    cache.write(index, start, k, v)
-    attended = be.attention(q, cache.keys[index], cache.values[index], positions, shape.window,
-                            shape.attention_scale)
+    parts, first = [], 0
+    for part in sequences:
+        end = first + part.rows
+        part.cache.write(index, part.start, k[first:end], v[first:end])
+        tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
+        parts.append(be.attention(q[first:end], part.cache.keys[index],
+                                  part.cache.values[index], part.positions(), shape.window,
+                                  shape.attention_scale, **tree))
+        first = end
+    attended = parts[0] if len(parts) == 1 else be.concatenate(parts)
     out = be.linear(attended.reshape(count, q_size), layer.output, layer.output_bias)
     if layer.post_attention_norm is not None:
         out = be.rms_norm(out, layer.post_attention_norm, shape.eps)

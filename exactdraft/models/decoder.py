@@ -18,13 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import Backend, DecoderLayer, LayerShape
+from exactdraft.backends.base import Backend, DecoderLayer, LayerShape, SequenceRows
 from exactdraft.errors import ParameterError
 from exactdraft.formats import stack_rows
-from exactdraft.models.blocks import RopeTable, check_shapes, decoder_layer, rope_frequencies
+from exactdraft.models.blocks import (
+    RopeTable,
+    SequencePart,
+    check_shapes,
+    decoder_layer,
+    rope_frequencies,
+)
 from exactdraft.models.cache import KVCache
 from exactdraft.models.config import DecoderConfig
 from exactdraft.models.target import Rows
+from exactdraft.models.token_tree import check_path, path_moves, tree_rows
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,8 @@ class DecoderState:
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
+        # (base, parents) of the token tree the cache holds past base, until it is committed.
+        self.tree: tuple[int, list[int]] | None = None
 
     @property
     def length(self) -> int:
@@ -200,6 +209,7 @@ class DecoderModel:
                                     self.max_context))
 
     def truncate(self, state: DecoderState, length: int) -> None:
+        state.tree = None
         state.cache.truncate(length)
 
     def check_tokens(self, tokens: Sequence[int], start: int) -> np.ndarray:
@@ -221,31 +231,123 @@ class DecoderModel:
 
     def forward(self, state: DecoderState, tokens: Sequence[int],
                 rows: Rows = "last") -> np.ndarray:
+        return self.forward_batch([state], [tokens], rows)[0]
+
+    def forward_batch(self, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]],
+                      rows: Rows = "last") -> list[np.ndarray]:
+        """Append each token list to its own state in one pass and return each sequence's
+        logits [R_i, vocab]. Every op but attention runs over the rows of all sequences at
+        once and is row invariant, and each sequence attends to its own cache only, so every
+        row has the bits it gets when its sequence runs alone."""
         if rows not in ("last", "all"):
             raise ParameterError(f"rows must be 'last' or 'all', got {rows!r}")
-        be, c, cache = self.backend, self.config, state.cache
-        start = cache.length
-        ids = self.check_tokens(tokens, start)
-        count = ids.size
-        positions = np.arange(start, start + count, dtype=np.int64)
-        cache.reserve_for(count)
+        if len(states) != len(token_lists) or not states:
+            raise ParameterError(f"forward_batch needs one token list per state, got "
+                                 f"{len(states)} states and {len(token_lists)} token lists")
+        if len({id(state) for state in states}) != len(states):
+            raise ParameterError("a state appears twice in one forward_batch")
+        ids, parts = [], []
+        for state, tokens in zip(states, token_lists):
+            start = state.cache.length
+            checked = self.check_tokens(tokens, start)
+            ids.append(checked)
+            parts.append(SequencePart(state.cache, start, checked.size))
+        return self._pass(parts, ids, rows)
+
+    def _pass(self, parts: list[SequencePart], ids: list[np.ndarray], rows: Rows
+              ) -> list[np.ndarray]:
+        """One pass over the parts' rows (checked ids); each cache then ends after its part."""
+        be, c = self.backend, self.config
+        for part in parts:
+            part.cache.reserve_for(part.rows)
+        all_ids = np.concatenate(ids)
+        positions = np.concatenate([part.positions() for part in parts])
         tables = [table.rows(be, positions) for table in self.rope_tables]
-        hidden = be.vector(embedding_rows(self.embedding, ids))
+        hidden = be.vector(embedding_rows(self.embedding, all_ids))
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
         for index, layer in enumerate(self.layers):
             cos, sin = tables[self.layer_rope[index]]
             if self.plans is not None:
-                hidden = be.run_layer(self.plans[index], hidden, cache.keys[index],
-                                      cache.values[index], start, cos, sin)
+                sequences = [SequenceRows(part.cache.keys[index], part.cache.values[index],
+                                          part.start, part.rows, part.depths, part.tree_paths)
+                             for part in parts]
+                hidden = be.run_layer(self.plans[index], hidden, sequences, cos, sin)
             else:
-                hidden = decoder_layer(be, layer, self.shapes[index], hidden, cache, index,
-                                       start, positions, cos, sin)
-        cache.length = start + count
+                hidden = decoder_layer(be, layer, self.shapes[index], hidden, parts, index,
+                                       cos, sin)
+        ends = np.cumsum([part.rows for part in parts])
+        for part in parts:
+            part.cache.length = part.start + part.rows
         if rows == "last":
-            hidden = hidden[count - 1:count]
+            last = (ends - 1).tolist()
+            hidden = be.concatenate([hidden[r:r + 1] for r in last]) if len(last) > 1 \
+                else hidden[last[0]:last[0] + 1]
+            sizes = [1] * len(parts)
+        else:
+            sizes = [part.rows for part in parts]
         hidden = be.rms_norm(hidden, self.final_norm, c.rms_norm_eps)
-        return be.to_host(be.linear(hidden, self.lm_head))
+        logits = be.to_host(be.linear(hidden, self.lm_head))
+        bounds = np.cumsum([0, *sizes])
+        return [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+
+    # -- token trees (supports_trees) --------------------------------------------------------
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether forward_tree / commit_tree exist: the backend declares tree attention."""
+        return bool(getattr(self.backend, "tree_attention", False))
+
+    def forward_tree(self, state: DecoderState, tokens: Sequence[int],
+                     parents: Sequence[int]) -> np.ndarray:
+        """Logits [n, vocab] of a token tree appended to the state in one pass: tokens[0] is
+        the root (at position state.length, parent -1), tokens[i] a child of tokens[parents[i]]
+        one position further. Row i has the bits of a serial step over the path from the root
+        to i. The state then holds the tree (state.tree) until commit_tree or truncate."""
+        if not self.supports_trees:
+            raise ParameterError(f"{self.backend!r} has no tree attention; verify a chain")
+        start = state.cache.length
+        checked = self.check_tokens(tokens, start)
+        if len(parents) != checked.size:
+            raise ParameterError(f"a token tree needs one parent per token, got "
+                                 f"{len(parents)} parents for {checked.size} tokens")
+        depths, paths = tree_rows(parents)
+        part = SequencePart(state.cache, start, checked.size, depths, paths)
+        logits = self._pass([part], [checked], "all")[0]
+        state.tree = (start, [int(parent) for parent in parents])
+        return logits
+
+    def commit_tree(self, state: DecoderState, path: Sequence[int]) -> None:
+        """Keep the path from the root (rows of the last forward_tree) and nothing else: the
+        state then holds what serial steps over those tokens leave, bit for bit."""
+        if state.tree is None:
+            raise ParameterError("commit_tree needs a forward_tree pass first")
+        base, parents = state.tree
+        check_path(parents, path)
+        sources, destinations = path_moves(base, path)
+        if sources.size:
+            state.cache.move(sources, destinations)
+        state.tree = None
+        state.cache.truncate(base + len(path))
+
+    # -- declared capabilities for serving (exactdraft.engine) ------------------------------
+
+    # forward_batch gives every row the bits of its sequence alone (tests/models/test_batched).
+    batches_sequences = True
+    # A state is its KV cache alone, so a prefix's keys and values can be exported and
+    # imported (an exact prefix cache): export_kv / import_kv below.
+    kv_prefixes = True
+
+    def export_kv(self, state: DecoderState, start: int, end: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Host float32 keys and values of positions [start, end) of the state, each
+        [layers, kv heads, end - start, head dim]."""
+        return state.cache.export_rows(start, end)
+
+    def import_kv(self, state: DecoderState, keys: np.ndarray, values: np.ndarray) -> None:
+        """Append exported positions to a state that holds the tokens before them; the state
+        then holds what computing those positions would leave, bit for bit."""
+        state.cache.import_rows(keys, values)
 
     def weights_digest(self) -> str:
         if self._digest is None:

@@ -43,6 +43,16 @@ _BUILTIN_MODULES = {
     "mistral": "exactdraft.models.llama",
     "qwen2": "exactdraft.models.llama",
     "qwen3": "exactdraft.models.llama",
+    "gemma3": "exactdraft.models.gemma3",
+    "gemma3_text": "exactdraft.models.gemma3",
+    "qwen3_moe": "exactdraft.models.qwen3_moe",
+    "mixtral": "exactdraft.models.qwen3_moe",
+    "qwen3_next": "exactdraft.models.qwen3_next",
+    "qwen3_5": "exactdraft.models.qwen3_next",
+    "qwen3_5_text": "exactdraft.models.qwen3_next",
+    "qwen3_5_moe": "exactdraft.models.qwen3_next",
+    "qwen3_5_moe_text": "exactdraft.models.qwen3_next",
+    "nemotron_h": "exactdraft.models.nemotron_h",
 }
 _REGISTERED: list[Family] = []
 

@@ -12,6 +12,7 @@ from exactdraft.backends.mlx_backend import MLXBackend  # noqa: E402
 from exactdraft.formats import QuantizedTensor, affine_from_blocks  # noqa: E402
 from exactdraft.guard import check_row_invariance, probe_tokens  # noqa: E402
 from exactdraft.pretrained import build_target, load_checkpoint  # noqa: E402
+from tests.exactness import ExactnessCheck  # noqa: E402
 
 ROW_COUNTS = list(range(1, 17)) + [31, 64, 100]
 
@@ -117,18 +118,30 @@ def test_model_agrees_with_torch_backend_and_is_exact(variant, mlx_targets, tiny
         begin += size
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
-def test_drafted_equals_serial_on_mlx(mlx_targets, temperature):
-    target = mlx_targets["llama"]
+def drafted_runs(target, draft, guard, temperature) -> ExactnessCheck:
+    """Prompt lookup and a draft model against serial runs, logits row by logits row."""
     serial = xd.Generator(target)
-    lookup = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1))
-    model = xd.Generator(target, xd.DraftModel(mlx_targets["llama-tied"], max_draft=4))
+    lookup = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1), guard=guard)
+    model = xd.Generator(target, xd.DraftModel(draft, max_draft=4), guard=guard)
+    check = ExactnessCheck()
     for seed in range(6):
         params = xd.SamplingParams(temperature=temperature, top_k=40, top_p=0.9, seed=seed)
         prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 40 + seed]
-        expected = serial.generate(prompt, 25, params, stop_tokens=[]).tokens
-        assert lookup.generate(prompt, 25, params, stop_tokens=[]).tokens == expected
-        assert model.generate(prompt, 25, params, stop_tokens=[]).tokens == expected
+        for generator in (lookup, model):
+            check.compare(generator, prompt, 25, params, serial=serial, stop_tokens=[],
+                          label=f"{generator.drafter!r} seed {seed}")
+    return check
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
+def test_drafted_equals_serial_on_mlx(mlx_targets, temperature):
+    drafted_runs(mlx_targets["llama"], mlx_targets["llama-tied"], True,
+                 temperature).assert_exact()
+
+
+def test_negative_control_drafted_runs(inexact_targets):
+    """The same comparison fails on a backend whose multi-row passes are off by ulps."""
+    drafted_runs(inexact_targets(), inexact_targets("llama-tied"), False, 0.7).assert_caught()
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 32), (8, 64)])

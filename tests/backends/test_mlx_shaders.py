@@ -29,6 +29,7 @@ from exactdraft.formats import AffineQuantizedTensor  # noqa: E402
 from exactdraft.guard import check_row_invariance, probe_tokens  # noqa: E402
 from exactdraft.kernels.metal import SOURCE_DIR, MetalShaders, metal_available  # noqa: E402
 from exactdraft.pretrained import build_target, load_checkpoint  # noqa: E402
+from tests.exactness import ExactnessCheck  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ["llama", "qwen3"]
@@ -108,31 +109,32 @@ def test_bfloat16_compute_is_exact(tiny_checkpoints, shaders, shader_targets):
     assert check_row_invariance(target, 5) is None
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_drafted_equals_serial(shader_targets, mlx_draft_target, temperature):
-    target = shader_targets["llama"]
+def drafted_runs(target, draft, guard, temperature) -> ExactnessCheck:
     serial = xd.Generator(target)
     lookup = xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1),
-                          adaptive_depth=False)
-    model = xd.Generator(target, xd.DraftModel(mlx_draft_target, max_draft=4),
-                         adaptive_depth=False)
-    assert lookup.drafting_enabled and model.drafting_enabled
-    accepted = 0
+                          adaptive_depth=False, guard=guard)
+    model = xd.Generator(target, xd.DraftModel(draft, max_draft=4), adaptive_depth=False,
+                         guard=guard)
+    check = ExactnessCheck()
     for seed in range(2):
         params = xd.SamplingParams(temperature=temperature, top_p=0.9, seed=seed)
         prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 40 + seed]
-        expected = serial.generate(prompt, 12, params, stop_tokens=[]).tokens
         for generator in (lookup, model):
-            drafted = generator.generate(prompt, 12, params, stop_tokens=[])
-            assert drafted.tokens == expected
-            accepted += drafted.stats.accepted
-    assert accepted > 0  # multi-row verify passes did keep drafts
+            check.compare(generator, prompt, 12, params, serial=serial, stop_tokens=[],
+                          label=f"{generator.drafter!r} seed {seed}")
+    return check
 
 
-def test_row_count_dependent_shader_is_caught(tmp_path, tiny_checkpoints, emulator_cache):
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_drafted_equals_serial(shader_targets, mlx_draft_target, temperature):
+    drafted_runs(shader_targets["llama"], mlx_draft_target, True, temperature).assert_exact()
+
+
+def test_row_count_dependent_shader_is_caught(tmp_path, tiny_checkpoints, emulator_cache,
+                                              mlx_draft_target):
     """Negative control: the same model on a matmul shader that adds its lane partials in
-    reverse order whenever the pass has more than one row fails the guard and the chunked
-    prefill comparison."""
+    reverse order whenever the pass has more than one row fails the guard, the chunked
+    prefill comparison and the drafted == serial comparison."""
     sources = tmp_path / "metal"
     shutil.copytree(SOURCE_DIR, sources)
     body = (sources / "matmul.metal").read_text()
@@ -150,6 +152,8 @@ def test_row_count_dependent_shader_is_caught(tmp_path, tiny_checkpoints, emulat
     assert check_row_invariance(target, 5) is not None
     one_pass = target.forward(target.new_state(), TOKENS[:20], rows="all")
     assert chunked_rows(target, TOKENS[:20], (1,) * 20).tobytes() != one_pass.tobytes()
+    # And the drafted == serial comparison above, run with the guard off, fails on it.
+    drafted_runs(target, mlx_draft_target, False, 0.8).assert_caught()
 
 
 # ---- MLX affine-quantized checkpoint ------------------------------------------------------

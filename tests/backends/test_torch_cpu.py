@@ -15,13 +15,17 @@ from exactdraft.formats import QuantizedTensor
 from exactdraft.guard import probe_tokens
 from exactdraft.kernels import cpu
 from tests.conftest import VARIANTS
+from tests.exactness import ExactnessCheck
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
-# float32 and bfloat16 weights, GGUF blocks with int8 activations (the default for them), and
-# q4_1 blocks with float32 activations.
-WEIGHTS = ("float32", "bfloat16", "q8_0", "q4_0", "q4_1", "q4_1-float")
+# float32 and bfloat16 weights, GGUF blocks with int8 activations (the default for them), q4_1
+# blocks with float32 activations, and "mixed": q and k in q5_0 beside v in q8_0 (as Gemma 3
+# files store them), the rest q4_1, so stacked q/k/v have parts of two formats.
+WEIGHTS = ("float32", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mixed",
+           "q4_1-float")
+MIXED = {"v_proj": "q8_0", "q_proj": "q5_0", "k_proj": "q5_0"}
 
 
 def quantized(tensors, format: str) -> dict:
@@ -29,12 +33,15 @@ def quantized(tensors, format: str) -> dict:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    kind = getattr(GGMLQuantizationType, format.upper())
     out = {}
     for name in tensors:
         value = np.asarray(tensors[name], dtype=np.float32)
         if value.ndim == 2:
-            value = QuantizedTensor(format, quantize(value, kind), value.shape)
+            kind = format
+            if format == "mixed":
+                kind = next((k for part, k in MIXED.items() if part in name), "q4_1")
+            blocks = quantize(value, getattr(GGMLQuantizationType, kind.upper()))
+            value = QuantizedTensor(kind, blocks, value.shape)
         out[name] = value
     return out
 
@@ -47,17 +54,16 @@ def _checkpoint(folder: str, weights: str):
     tensors = checkpoint.tensors
     if weights.startswith("q"):
         tensors = quantized(tensors, weights.split("-")[0])
-    return checkpoint.config, tensors
+    return checkpoint.family, checkpoint.config, tensors
 
 
 def build(tiny_checkpoints, variant: str, weights: str, **options):
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.models.llama import build as build_llama
 
-    config, tensors = _checkpoint(tiny_checkpoints[variant], weights)
+    family, config, tensors = _checkpoint(tiny_checkpoints[variant], weights)
     dtype = "bfloat16" if weights == "bfloat16" else None
     options.setdefault("quantized_activations", not weights.endswith("-float"))
-    return build_llama(config, tensors, TorchCPUBackend(dtype=dtype, **options))
+    return family.build(config, tensors, TorchCPUBackend(dtype=dtype, **options))
 
 
 def passes(target) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -119,7 +125,7 @@ def window_breaks_single_steps(target, prefix_length: int = 20) -> bool:
     return False
 
 
-@pytest.mark.parametrize("weights", ("float32", "q8_0", "q4_0", "q4_1"))
+@pytest.mark.parametrize("weights", ("float32", "q8_0", "q4_0", "q4_1", "q5_1", "mixed"))
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_fused_verify_window_equals_single_steps(variant, weights, tiny_checkpoints):
     target = build(tiny_checkpoints, variant, weights)
@@ -130,32 +136,42 @@ def test_fused_verify_window_equals_single_steps(variant, weights, tiny_checkpoi
 def test_inexact_backend_breaks_the_window_check(tiny_checkpoints):
     """Negative control: the same check fails for the quantized model on a backend that uses
     torch's plain ops, so the test above can fail."""
-    from exactdraft.models.llama import build as build_llama
     from tests.inexact import InexactTorchBackend
 
-    config, tensors = _checkpoint(tiny_checkpoints["llama"], "q4_1")
-    assert window_breaks_single_steps(build_llama(config, tensors, InexactTorchBackend()))
+    family, config, tensors = _checkpoint(tiny_checkpoints["llama"], "q4_1")
+    assert window_breaks_single_steps(family.build(config, tensors, InexactTorchBackend()))
+
+
+def drafted_runs(target, guard) -> ExactnessCheck:
+    """Prompt lookup and self-drafting against serial runs, logits row by logits row."""
+    serial = xd.Generator(target)
+    drafted = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1),
+                           adaptive_depth=False, guard=guard)
+    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=4),
+                                adaptive_depth=False, guard=guard)
+    prompt = probe_tokens(30, target.vocab_size, salt=6) * 2  # repeats give lookups to copy
+    check = ExactnessCheck()
+    for temperature in (0.0, 0.8):
+        for seed in range(3):
+            params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=seed)
+            for generator in (drafted, self_drafted):
+                check.compare(generator, prompt, 30, params, serial=serial, stop_tokens=[],
+                              label=f"{generator.drafter!r} t={temperature} seed {seed}")
+    return check
 
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-window", "qwen3"])
 def test_fused_drafted_equals_serial_with_quantized_weights(variant, tiny_checkpoints):
-    target = build(tiny_checkpoints, variant, "q4_1")
-    serial = xd.Generator(target)
-    drafted = xd.Generator(target, xd.PromptLookup(max_draft=6, min_match=1),
-                           adaptive_depth=False)
-    self_drafted = xd.Generator(target, xd.DraftModel(target, max_draft=4),
-                                adaptive_depth=False)
-    prompt = probe_tokens(30, target.vocab_size, salt=6) * 2  # repeats give lookups to copy
-    accepted = 0
-    for temperature in (0.0, 0.8):
-        for seed in range(3):
-            params = xd.SamplingParams(temperature=temperature, top_p=0.95, seed=seed)
-            reference = serial.generate(prompt, 30, params, stop_tokens=[]).tokens
-            for generator in (drafted, self_drafted):
-                result = generator.generate(prompt, 30, params, stop_tokens=[])
-                assert result.tokens == reference, (temperature, seed)
-                accepted += result.stats.accepted
-    assert accepted > 0  # multi-row verify passes did run
+    drafted_runs(build(tiny_checkpoints, variant, "q4_1"), True).assert_exact()
+
+
+def test_negative_control_drafted_runs_on_an_inexact_backend(tiny_checkpoints, inexact_targets):
+    """The same comparison fails for the quantized model on torch's plain ops (the
+    inexact_targets fixture keeps torch on one thread meanwhile)."""
+    from tests.inexact import InexactTorchBackend
+
+    family, config, tensors = _checkpoint(tiny_checkpoints["qwen2-window"], "q4_1")
+    drafted_runs(family.build(config, tensors, InexactTorchBackend()), False).assert_caught()
 
 
 # -- options and errors ------------------------------------------------------------------------
@@ -170,6 +186,7 @@ def test_quantized_weights_use_the_dot_layout_unless_asked_not_to():
 
 
 def test_bad_options_and_positions_are_refused(tiny_checkpoints):
+    from exactdraft.backends.base import SequenceRows
     from exactdraft.backends.torch_cpu import TorchCPUBackend
     from exactdraft.errors import BackendError
 
@@ -182,8 +199,8 @@ def test_bad_options_and_positions_are_refused(tiny_checkpoints):
     hidden = target.backend.vector(np.zeros((2, target.config.hidden_size), np.float32))
     cos, _ = target.rope_tables[0].rows(target.backend, np.array([3, 4]))
     with pytest.raises(ValueError, match="do not fit a KV buffer"):
-        target.backend.run_layer(target.plans[0], hidden, buffer, state.cache.values[0],
-                                 buffer.shape[1] - 1, cos, cos)
+        target.backend.run_layer(target.plans[0], hidden, [SequenceRows(
+            buffer, state.cache.values[0], buffer.shape[1] - 1, 2)], cos, cos)
 
 
 # -- the real checkpoint -----------------------------------------------------------------------

@@ -20,7 +20,8 @@ def test_cpu_bench_smoke(tmp_path):
                            model, "--tools", "exactdraft", "--tokens", "8", "--repeats", "1",
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((out / "cpu_bench.json").read_text())
+    report = json.loads((out / "cpu_bench_model.json").read_text())
+    assert report["machine"]["simd_level"] and report["machine"]["cpu"]
     record = report["records"][0]
     assert record["tool"] == "exactdraft"
     assert len(record["runs"]) == 8  # 4 workloads x serial and drafted
@@ -28,4 +29,4 @@ def test_cpu_bench_smoke(tmp_path):
         assert run["tokens"] == 8
         assert run["identical_to_serial"] in (None, True)
     assert sorted(map(int, record["verify_cost"])) == list(range(1, 17))
-    assert "| exactdraft |" in (out / "cpu_bench.md").read_text()
+    assert "| exactdraft |" in (out / "cpu_bench_model.md").read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exactdraft.drafters import PromptLookup
+from exactdraft.drafters import DraftTree, PromptLookup
 
 
 def proposals(drafter, sequence, limit=8):
@@ -56,3 +56,21 @@ def test_index_grows_with_the_sequence():
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PromptLookup(**kwargs)
+
+
+def test_tree_width_proposes_the_continuations_of_several_occurrences():
+    sequence = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2, 10, 12, 1, 2]
+    chain = PromptLookup(max_draft=4, min_match=2)
+    chain.begin(sequence, None)
+    # A chain copies the latest occurrence only.
+    assert chain.propose(sequence, 4) == [10, 12, 1, 2]
+    tree = PromptLookup(max_draft=4, min_match=2, tree_width=2)
+    tree.begin(sequence, None)
+    proposal = tree.propose(sequence, 4)
+    assert isinstance(proposal, DraftTree) and len(proposal) == 4
+    # 10 follows [1, 2] twice, 20 once: 10 first; below 10 the latest (12) first.
+    assert proposal.tokens[0] == 10 and proposal.parents[0] == -1
+    assert proposal.first_path()[:2] == [10, 12]
+    assert 20 in proposal.tokens
+    with pytest.raises(ValueError, match="tree_width"):
+        PromptLookup(tree_width=0)

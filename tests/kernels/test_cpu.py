@@ -110,6 +110,31 @@ def test_matmul_same_bits_for_every_thread_count(format, restore_threads):
     assert all(np.array_equal(results[0], other) for other in results[1:])
 
 
+def test_negative_control_torch_matmul_changes_bits_with_the_thread_count():
+    """The comparison of test_matmul_same_bits_for_every_thread_count, on torch's `x @ W.T`
+    (MKL splits the work by thread count and the bits follow)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    weight = torch.from_numpy(rng.standard_normal((700, 256)).astype(np.float32))
+    default = torch.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for rows in (1, 2, 3, 9, 33):
+                x = torch.from_numpy(np.random.default_rng(rows).standard_normal(
+                    (rows, 256)).astype(np.float32))
+                results.setdefault(rows, []).append(bits((x @ weight.T).numpy()))
+    finally:
+        torch.set_num_threads(default)
+    differing = [rows for rows, outs in results.items()
+                 if not all(np.array_equal(outs[0], other) for other in outs[1:])]
+    if not differing:
+        pytest.skip("torch's matmul gave the same bits with 1, 2 and 3 threads on this machine "
+                    "(measured at M = 1, 2, 3, 9, 33), so it is no wrong implementation here")
+    assert differing
+
+
 def test_unpadded_torch_matmul_breaks_row_invariance():
     """Negative control: torch's plain `x @ W` gives rows other bits when M changes."""
     torch = pytest.importorskip("torch")
@@ -259,6 +284,36 @@ def test_torch_sdpa_breaks_row_invariance():
     assert broken > 0
 
 
+def test_negative_control_attention_over_the_whole_buffer_breaks_the_capacity_check():
+    """torch's SDPA over every key of the buffer, masked past each row's position (so the
+    masked keys get weight zero), reads past the row's position: its bits change with the
+    buffer's capacity, which test_attention_row_invariance compares."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    keys, values = kv_buffers(rng, 2, 256, 40)
+    grown_keys, grown_values = kv_buffers(rng, 2, 512, 40)
+    grown_keys[:, :256], grown_values[:, :256] = keys, values
+
+    def whole_buffer(q, keys, values, positions):
+        mask = torch.arange(keys.shape[1])[None, :] <= torch.from_numpy(positions)[:, None]
+        k, v = (torch.from_numpy(np.repeat(a, 3, 0)) for a in (keys, values))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            torch.from_numpy(q).transpose(0, 1), k, v, attn_mask=mask, scale=40**-0.5)
+        return out.transpose(0, 1).contiguous().numpy()
+
+    differing = 0
+    for rows in (*range(1, 17), 70):
+        q = rng.standard_normal((rows, 6, 40)).astype(np.float32)
+        positions = np.sort(rng.choice(256, size=rows, replace=False))
+        differing += not np.array_equal(bits(whole_buffer(q, keys, values, positions)),
+                                        bits(whole_buffer(q, grown_keys, grown_values,
+                                                          positions)))
+    if differing == 0:
+        pytest.skip("torch's SDPA gave the same bits over 256- and 512-key buffers on this "
+                    "machine (measured), so it is no wrong implementation here")
+    assert differing > 0
+
+
 def test_attention_rejects_positions_past_the_buffer():
     keys, values = kv_buffers(np.random.default_rng(9), 1, 64, 16)
     q = np.zeros((1, 2, 16), np.float32)
@@ -301,21 +356,100 @@ def test_rope_matches_the_torch_formula_bitwise():
     assert np.array_equal(bits(cpu.rope(x, cos, sin)), bits(expected))
 
 
+ROW_OP_COUNTS = (*range(1, 17), 70, 300)  # 300 rows cross the parallel threshold
+
+
+def row_op_cases(seed: int = 12):
+    """(x [M, 1000], weight, heads [M, 23, 40], cos, sin [M, 20]) for every M of
+    ROW_OP_COUNTS. 23 heads of 20 rotated pairs make 460 pairs a row, not a multiple of any
+    vector width, so a kernel that vectorises across rows puts a row's pairs in other lanes
+    (or in a scalar tail) depending on M."""
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal(1000).astype(np.float32)
+    for rows in ROW_OP_COUNTS:
+        x = rng.standard_normal((rows, 1000)).astype(np.float32) * 6
+        cos, sin = (rng.standard_normal((rows, 20)).astype(np.float32) for _ in range(2))
+        yield x, weight, x[:, :920].reshape(rows, 23, 40).copy(), cos, sin
+
+
+def rows_differing_alone(compute, *arrays) -> int:
+    """How many rows of compute(*arrays) lack the bits compute gives that row alone (every
+    array cut to the row)."""
+    together = bits(compute(*arrays))
+    return sum(not np.array_equal(together[r:r + 1],
+                                  bits(compute(*(a[r:r + 1] for a in arrays))))
+               for r in range(arrays[0].shape[0]))
+
+
+ROW_OPS = {
+    "rms_norm": lambda x, weight, heads, cos, sin: (lambda x: cpu.rms_norm(x, weight, 1e-6), x),
+    "silu_mul": lambda x, weight, heads, cos, sin: (cpu.silu_mul, x),
+    "rope": lambda x, weight, heads, cos, sin: (cpu.rope, heads, cos, sin),
+}
+
+
 @pytest.mark.parametrize("threads", (1, 2))
 def test_row_ops_invariance(level, threads, restore_threads):
     cpu.set_num_threads(threads)
-    rng = np.random.default_rng(12)
-    weight = rng.standard_normal(1000).astype(np.float32)
-    for rows in (*range(1, 17), 70, 300):  # 300 rows cross the parallel threshold
-        x = rng.standard_normal((rows, 1000)).astype(np.float32) * 6
-        cos, sin = (rng.standard_normal((rows, 20)).astype(np.float32) for _ in range(2))
-        heads = x[:, :960].reshape(rows, 24, 40).copy()
-        together = (cpu.rms_norm(x, weight, 1e-6), cpu.silu_mul(x), cpu.rope(heads, cos, sin))
-        for r in range(rows):
-            alone = (cpu.rms_norm(x[r:r + 1], weight, 1e-6), cpu.silu_mul(x[r:r + 1]),
-                     cpu.rope(heads[r:r + 1], cos[r:r + 1], sin[r:r + 1]))
-            for t, a in zip(together, alone):
-                assert np.array_equal(bits(t[r:r + 1]), bits(a)), (rows, r)
+    for case in row_op_cases():
+        for name, op in ROW_OPS.items():
+            compute, *arrays = op(*case)
+            assert rows_differing_alone(compute, *arrays) == 0, (name, case[0].shape[0])
+
+
+def numpy_rms_norm_through_blas(x, weight):
+    """A plausible wrong rms_norm: the sums of squares as one BLAS product with a ones vector
+    (numpy's matmul, OpenBLAS here), whose blocking follows the row count."""
+    squares = (x * x) @ np.ones((x.shape[1], 1), np.float32)
+    return x / np.sqrt(squares / np.float32(x.shape[1]) + np.float32(1e-6)) * weight
+
+
+def test_negative_control_rms_norm_through_blas_breaks_the_row_check():
+    broken = 0
+    for x, weight, *_ in row_op_cases():
+        broken += rows_differing_alone(lambda rows, w=weight: numpy_rms_norm_through_blas(rows, w),
+                                       x)
+    if broken == 0:
+        pytest.skip("numpy's BLAS gave every row of (x * x) @ ones the bits it gets alone on "
+                    "this machine (measured over the row counts above), so it is no wrong "
+                    "implementation here")
+    assert broken > 0
+
+
+def vectorised_across_rows_rope(heads, cos, sin):
+    """A plausible wrong rope: one loop over the flattened rows x heads x pairs, 16 pairs at
+    a time with fused multiply-adds (x1 * cos kept unrounded, as an FMA keeps it; emulated in
+    float64), and a scalar tail for the last pairs that rounds every product. Which pairs
+    fall in the tail depends on how many rows the call has."""
+    rows, count, dim = heads.shape
+    half = dim // 2
+    x1 = heads[..., :half].reshape(-1)
+    x2 = heads[..., half:].reshape(-1)
+    c = np.broadcast_to(cos[:, None, :], (rows, count, half)).reshape(-1)
+    s = np.broadcast_to(sin[:, None, :], (rows, count, half)).reshape(-1)
+    body = x1.size - x1.size % 16
+    first = np.empty_like(x1)
+    second = np.empty_like(x2)
+    fused = slice(0, body)
+    first[fused] = (x1[fused].astype(np.float64) * c[fused] - x2[fused] * s[fused]).astype(
+        np.float32)
+    second[fused] = (x2[fused].astype(np.float64) * c[fused] + x1[fused] * s[fused]).astype(
+        np.float32)
+    tail = slice(body, None)
+    first[tail] = x1[tail] * c[tail] - x2[tail] * s[tail]
+    second[tail] = x2[tail] * c[tail] + x1[tail] * s[tail]
+    return np.concatenate([first.reshape(rows, count, half), second.reshape(rows, count, half)],
+                          axis=-1)
+
+
+def test_negative_control_rope_vectorised_across_rows_breaks_the_row_check():
+    # The wrong rope computes what cpu.rope computes, to within float32 rounding ...
+    x, _, heads, cos, sin = next(row_op_cases(seed=3))
+    assert np.allclose(vectorised_across_rows_rope(heads, cos, sin), cpu.rope(heads, cos, sin),
+                       rtol=1e-5, atol=1e-5)
+    # ... but the row check above sees its bits move with the row count.
+    assert sum(rows_differing_alone(vectorised_across_rows_rope, case[2], case[3], case[4])
+               for case in row_op_cases()) > 0
 
 
 def test_silu_bits_do_not_depend_on_the_element_position(level):

@@ -1,6 +1,7 @@
-"""Tests of the C kernels' integer-dot matmul (the "dot" layout of q8_0, q4_0 and q4_1 weights):
-bitwise agreement with a numpy emulation of its block formula, accuracy against float64, and
-bitwise row invariance on every SIMD level with 1 and 2 threads, with negative controls.
+"""Tests of the C kernels' integer-dot matmul (the "dot" layout of q8_0, q4_0, q4_1, q5_0, q5_1,
+q4_k, q5_k and q6_k weights): bitwise agreement with a numpy emulation of its block formula,
+accuracy against float64, and bitwise row invariance on every SIMD level with 1 and 2 threads,
+with negative controls.
 
 The emulation mirrors the kernel's float32 steps one by one (numpy's float32 operations are
 correctly rounded IEEE operations, and the integer block sums are exact), so the kernel must
@@ -12,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exactdraft.formats import QuantizedTensor
+from exactdraft.dequantize import block_fields
+from exactdraft.formats import FORMATS, QuantizedTensor
 from exactdraft.kernels import cpu
 from tests.kernels.conftest import SIMD_LEVELS, assert_rows_match_alone, bits
 from tests.kernels.test_cpu import ROW_COUNTS, exact_values, weight_source
@@ -20,11 +22,25 @@ from tests.kernels.test_cpu import ROW_COUNTS, exact_values, weight_source
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
-BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+BLOCK_FORMATS = tuple(name for name, row in FORMATS.items() if row.integer_dot)
+# Byte offsets of each format's float16 fields within a block (the rest may be any bytes).
+HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
+               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
 
 
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:
-    return weight_source(format, rng.standard_normal((rows, depth)).astype(np.float32))
+    """gguf's own quantization of normal weights where gguf quantizes the format, else random
+    blocks with finite float16 scales of either sign."""
+    if format in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+        return weight_source(format, rng.standard_normal((rows, depth)).astype(np.float32))
+    row = FORMATS[format]
+    blocks = rng.integers(0, 256, (rows * depth // row.block_size, row.block_bytes),
+                          dtype=np.uint8)
+    for offset in HALF_FIELDS[format]:
+        halves = (rng.uniform(0.5, 2.0, blocks.shape[0]) * 2.0 ** -9).astype(np.float16)
+        halves *= np.where(rng.random(blocks.shape[0]) < 0.5, -1, 1).astype(np.float16)
+        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return QuantizedTensor(format, blocks.reshape(rows, -1), (rows, depth))
 
 
 # -- the numpy emulation -----------------------------------------------------------------------
@@ -41,38 +57,30 @@ def quantize_reference(x: np.ndarray):
     return q.reshape(rows, depth), scale, scale * sums.astype(np.float32), sums
 
 
-def block_parts(weight: QuantizedTensor):
-    """Per weight block: the scale d, q4_1's minimum m (else None) and the integer weights the
-    block sum multiplies (w for q8_0, q - 8 for q4_0, q for q4_1)."""
-    rows, depth = weight.shape
-    raw = weight.data.reshape(rows, depth // 32, -1)
-
-    def half(offset):
-        return raw[..., offset:offset + 2].copy().view(np.float16).astype(np.float32)[..., 0]
-
-    if weight.format == "q8_0":
-        return half(0), None, raw[..., 2:].copy().view(np.int8).astype(np.int64)
-    packed = raw[..., 4:] if weight.format == "q4_1" else raw[..., 2:]
-    codes = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.int64)
-    if weight.format == "q4_0":
-        return half(0), None, codes - 8
-    return half(0), half(2), codes
-
-
 def dot_reference(x: np.ndarray, weight: QuantizedTensor, bias=None,
                   quantized=None) -> np.ndarray:
-    """The kernel's formula in numpy: for each block in order, acc = acc + (d_w * d_x) * isum
-    (q4_1: + m_w * (d_x * sum q)), one float32 rounding per step; then + bias."""
+    """The kernel's formula in numpy: for each block of 32 in order, acc = acc +
+    (s_w * d_x) * isum, plus m_w * (d_x * sum q) for formats with a minimum, or for q6_k the
+    two halves' (s_w * d_x) * isum; one float32 rounding per step; then + bias."""
     q, scale, scaled_sum, _ = quantized or quantize_reference(x)
-    weight_scale, minimum, codes = block_parts(weight)
+    fields = block_fields(weight.format, weight.data, weight.shape[1])
     rows, depth = x.shape
+    columns, blocks = weight.shape[0], depth // 32
+    signed = (fields.codes.astype(np.int64) - fields.offset).reshape(columns, blocks, 32)
+    scales = fields.scales.reshape(columns, blocks, -1)  # one scale per 32, two for q6_k
     q_blocks = q.reshape(rows, depth // 32, 32).astype(np.int64)
-    acc = np.zeros((rows, weight.shape[0]), np.float32)
-    for b in range(depth // 32):
-        isum = (q_blocks[:, b] @ codes[:, b].T).astype(np.float32)  # exact: |isum| < 2^24
-        term = (weight_scale[None, :, b] * scale[:, b, None]) * isum
-        if minimum is not None:
-            term = term + minimum[None, :, b] * scaled_sum[:, b, None]
+    acc = np.zeros((rows, columns), np.float32)
+    for b in range(blocks):
+        if weight.format == "q6_k":
+            halves = [(q_blocks[:, b, h:h + 16] @ signed[:, b, h:h + 16].T).astype(np.float32)
+                      for h in (0, 16)]
+            term = ((scales[None, :, b, 0] * scale[:, b, None]) * halves[0]
+                    + (scales[None, :, b, 1] * scale[:, b, None]) * halves[1])
+        else:
+            isum = (q_blocks[:, b] @ signed[:, b].T).astype(np.float32)  # exact: below 2^24
+            term = (scales[None, :, b, 0] * scale[:, b, None]) * isum
+            if fields.minimums is not None:
+                term = term + fields.minimums[None, :, b] * scaled_sum[:, b, None]
         acc = acc + term
     return acc if bias is None else acc + bias
 
@@ -101,11 +109,11 @@ def test_quantize_rows_matches_the_emulation_bitwise(level):
 @pytest.mark.parametrize("format", BLOCK_FORMATS)
 def test_dot_matmul_matches_the_emulation_bitwise(level, format):
     rng = np.random.default_rng(21)
-    weight = quantized_weight(format, 37, 192, rng)  # 37 columns: a partial group of 16
+    weight = quantized_weight(format, 37, 256, rng)  # 37 columns: a partial group of 16
     packed = cpu.pack_matrix(weight, layout="dot")
     bias = rng.standard_normal(37).astype(np.float32)
     for rows in (1, 3, 9):
-        x = awkward_rows(rng, rows, 192)
+        x = awkward_rows(rng, rows, 256)
         for b in (None, bias):
             assert np.array_equal(bits(cpu.matmul(x, packed, b)), bits(dot_reference(x, weight, b)))
 
@@ -132,8 +140,8 @@ def test_dot_matmul_accuracy_against_float64(format, record_property):
     """Activations lose about 2^-8 to int8 rounding per element, so the result is within about
     1e-2 of x @ W computed in float64 on the dequantized weights, as llama.cpp's is."""
     rng = np.random.default_rng(23)
-    weight = quantized_weight(format, 300, 576, rng)
-    x = rng.standard_normal((8, 576)).astype(np.float32)
+    weight = quantized_weight(format, 300, 768, rng)
+    x = rng.standard_normal((8, 768)).astype(np.float32)
     exact = x.astype(np.float64) @ exact_values(weight).T
     out = cpu.matmul(x, cpu.pack_matrix(weight, layout="dot"))
     relative = np.abs(out - exact).max() / np.abs(exact).max()
@@ -141,8 +149,9 @@ def test_dot_matmul_accuracy_against_float64(format, record_property):
     record_property("max_relative_error", float(relative))
     record_property("rms_relative_error", float(typical))
     assert relative < 3e-2 and typical < 1e-2
-    float_path = cpu.matmul(x, cpu.pack_matrix(weight))  # float activations: far closer
-    assert np.abs(float_path - exact).max() / np.abs(exact).max() < 1e-5 < relative
+    if FORMATS[format].float_kernel:
+        float_path = cpu.matmul(x, cpu.pack_matrix(weight))  # float activations: far closer
+        assert np.abs(float_path - exact).max() / np.abs(exact).max() < 1e-5 < relative
 
 
 # -- row invariance ----------------------------------------------------------------------------
@@ -153,10 +162,10 @@ def test_dot_matmul_row_invariance(level, format, threads, restore_threads):
     # 517 x 320 puts even M = 1 on the thread pool (N * K above its threshold).
     cpu.set_num_threads(threads)
     rng = np.random.default_rng(24)
-    packed = cpu.pack_matrix(quantized_weight(format, 517, 320, rng), layout="dot")
+    packed = cpu.pack_matrix(quantized_weight(format, 517, 512, rng), layout="dot")
     bias = rng.standard_normal(517).astype(np.float32)
     for rows in ROW_COUNTS:
-        x = awkward_rows(rng, rows, 320)
+        x = awkward_rows(rng, rows, 512)
         assert_rows_match_alone(x, packed, bias)
 
 
@@ -217,10 +226,12 @@ def test_unpadded_torch_matmul_on_dequantized_weights_breaks_row_invariance():
 
 @pytest.mark.parametrize("format", BLOCK_FORMATS)
 def test_dot_layout_pads_to_whole_groups_and_refuses_float_weights(format):
-    weight = quantized_weight(format, 37, 64, np.random.default_rng(28))
+    depth = FORMATS[format].block_size * 2 if FORMATS[format].block_size > 32 else 64
+    weight = quantized_weight(format, 37, depth, np.random.default_rng(28))
     packed = cpu.pack_matrix(weight, layout="dot")
-    assert packed.layout == "dot" and packed.shape == (37, 64)
-    assert packed.data.shape == (3, weight.data.shape[1] * cpu.DOT_GROUP)
+    assert packed.layout == "dot" and packed.shape == (37, depth)
+    record_bytes = {code: dot for code, _, _, _, _, dot in cpu.format_table()}
+    assert packed.data.shape == (3, depth // 32 * record_bytes[FORMATS[format].kernel])
     with pytest.raises(ValueError, match="dot layout needs"):
         cpu.pack_matrix(np.zeros((16, 64), np.float32), layout="dot")
 
@@ -229,7 +240,7 @@ def test_dot_layout_pads_to_whole_groups_and_refuses_float_weights(format):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("format", BLOCK_FORMATS)
-@pytest.mark.parametrize("depth,columns", [(576, 1536), (1536, 576)])
+@pytest.mark.parametrize("depth,columns", [(768, 1536), (1536, 768)])
 def test_dot_matmul_row_invariance_model_shapes(format, depth, columns, restore_threads):
     rng = np.random.default_rng(29)
     weight = quantized_weight(format, columns, depth, rng)

@@ -172,6 +172,59 @@ def test_softmax_rows_are_invariant(shaders):
     assert row_mismatches(shaders.softmax, rows) == []
 
 
+# Negative controls: the same comparisons on shaders whose reduction follows the row count.
+# Each is the shipped shader with one change: when the pass has more than two rows, only
+# half of the threadgroup's threads stride over the row (an occupancy tuning by M, which
+# SUBSET.md forbids), so a row's partial sums, and its bits, change with M.
+
+ROW_COUNT_TUNED = {
+    "rms_norm.metal": ("for (int k = t; k < K; k += THREADS) {\n  const float v",
+                       "const int STRIDE = x_shape[0] > 2 ? THREADS / 2 : THREADS;\n"
+                       "for (int k = t; t < STRIDE && k < K; k += STRIDE) {\n  const float v"),
+    "softmax.metal": ("for (int n = t; n < N; n += THREADS) sum = sum",
+                      "const int STRIDE = x_shape[0] > 2 ? THREADS / 2 : THREADS;\n"
+                      "for (int n = t; t < STRIDE && n < N; n += STRIDE) sum = sum"),
+}
+
+
+@pytest.fixture(scope="module")
+def row_count_tuned_shaders(tmp_path_factory, emulator_cache):
+    import shutil
+
+    from exactdraft.kernels.metal import SOURCE_DIR
+
+    sources = tmp_path_factory.mktemp("metal") / "metal"
+    shutil.copytree(SOURCE_DIR, sources)
+    for name, (shipped, tuned) in ROW_COUNT_TUNED.items():
+        body = (sources / name).read_text()
+        assert body.count(shipped) == 1, name
+        (sources / name).write_text(body.replace(shipped, tuned))
+    return MetalShaders("emulator", cache_dir=emulator_cache, source_dir=sources)
+
+
+def test_negative_control_row_count_tuned_rms_norm(row_count_tuned_shaders):
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal(300).astype(np.float32)
+    rows = rows_pool(rng, 16, 300)
+    tuned = row_count_tuned_shaders.rms_norm
+    # Still an rms_norm, to float32 accuracy; only its bits follow the row count.
+    x64 = rows[:5].astype(np.float64)
+    close(host(tuned(rows[:5], w, 1e-6)),
+          x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w, 1e-6)
+    assert row_mismatches(lambda xs: tuned(xs, w, 1e-6), rows) != []
+
+
+def test_negative_control_row_count_tuned_softmax(row_count_tuned_shaders):
+    rng = np.random.default_rng(11)
+    scales = 10.0 ** rng.uniform(-2, 1.5, (16, 1))
+    rows = (rng.standard_normal((16, 300)) * scales).astype(np.float32)
+    tuned = row_count_tuned_shaders.softmax
+    x64 = rows[:5].astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    close(host(tuned(rows[:5])), e / e.sum(-1, keepdims=True), 1e-6)
+    assert row_mismatches(tuned, rows) != []
+
+
 # ---- attention ----------------------------------------------------------------------------
 
 HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 4, 2, 64, 256

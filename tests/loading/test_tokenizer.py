@@ -202,7 +202,9 @@ def test_from_gguf_path_and_unsupported_models(smollm_path, tokenizer):
     from_path = Tokenizer.from_gguf(smollm_path)
     assert from_path.encode(PARITY_TEXTS[2]) == tokenizer.encode(PARITY_TEXTS[2])
     base = {"tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": []}
-    with pytest.raises(TokenizerError, match="unsupported GGUF tokenizer model 'llama'"):
+    with pytest.raises(TokenizerError, match="unsupported GGUF tokenizer model 'bert'"):
+        Tokenizer.from_gguf(base | {"tokenizer.ggml.model": "bert"})
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.scores has 0 entries for 2"):
         Tokenizer.from_gguf(base | {"tokenizer.ggml.model": "llama"})
     with pytest.raises(TokenizerError, match="unsupported GGUF pre-tokenizer 'chatglm-bpe'"):
         Tokenizer.from_gguf(base | {"tokenizer.ggml.model": "gpt2",

@@ -33,6 +33,43 @@ def test_logits_match_transformers(variant, backend, tiny_checkpoints, targets_b
     assert np.abs(ours - reference).max() <= 2e-5 * scale, variant
 
 
+LINEAR_ROPE = {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+
+
+@pytest.fixture(scope="module")
+def linear_rope_checkpoints(tmp_path_factory):
+    """The tiny llama with linear rope scaling (factor 4), and the same weights without it."""
+    from tests.conftest import build_tiny_checkpoint
+
+    return {scaled: build_tiny_checkpoint(
+        str(tmp_path_factory.mktemp(f"linear-rope-{scaled}")), "llama",
+        rope_parameters=LINEAR_ROPE if scaled else {"rope_type": "default",
+                                                     "rope_theta": 10000.0})
+        for scaled in (True, False)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_rope_scaling_matches_transformers(backend, linear_rope_checkpoints):
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    if backend == "mlx":
+        pytest.importorskip("mlx.core", reason="mlx is not installed")
+    folder = linear_rope_checkpoints[True]
+    assert read_config(folder)["rope_parameters"]["rope_type"] == "linear"
+    checkpoint = load_checkpoint(folder)
+    assert checkpoint.config.rope_scaling is not None
+    target = build_target(checkpoint, backend)
+    tokens = probe_tokens(90, target.vocab_size, salt=3)
+    ours = target.forward(target.new_state(), tokens, rows="all")
+    reference = hf_logits(folder, tuple(tokens))
+    scale = np.abs(reference).max()
+    assert np.abs(ours - reference).max() <= 2e-5 * scale
+    # Control: the scaling matters at this tolerance. Transformers' own model without it (same
+    # weights) is far from the scaled reference, and so would be a loader that dropped it.
+    unscaled = hf_logits(linear_rope_checkpoints[False], tuple(tokens))
+    assert np.abs(unscaled - reference).max() > 100 * 2e-5 * scale
+
+
 def test_sliding_window_is_read_from_config(tiny_checkpoints, tiny_targets):
     assert tiny_targets["mistral"].config.sliding_windows == (24, 24)
     assert tiny_targets["qwen2-window"].config.sliding_windows == (0, 16)

@@ -73,12 +73,31 @@ def test_rows_do_not_see_their_neighbours(same_bits):
     assert same_bits(matmul(x, w)[0::2], matmul(noisy, w)[0::2])
 
 
-def test_configuration_depends_on_the_weight_alone():
+def test_configuration_depends_on_the_weight_alone(monkeypatch):
+    """The chooser takes no row count, BLOCK_M is 16 for every weight, and matmul asks it with
+    the same arguments (so gets the same configuration) whatever the number of rows."""
+    import inspect
+
+    from exactdraft.kernels.triton import matmul as module
+
+    assert list(inspect.signature(matmul_config).parameters) == ["n", "k", "dtype",
+                                                                  "device_type"]
     for device_type in ("cpu", "cuda"):
         for dtype in ("float32", "bfloat16", "float16"):
-            config = matmul_config(4096, 4096, dtype, device_type)
-            assert config.block_m == 16
-            assert config == matmul_config(4096, 4096, dtype, device_type)
+            for n, k in ((1, 64), (576, 1536), (8193, 4096), (151936, 896)):
+                assert matmul_config(n, k, dtype, device_type).block_m == 16
+    asked = []
+
+    def spy(*args, **kwargs):
+        asked.append(tuple(inspect.signature(matmul_config).bind(*args, **kwargs).arguments
+                           .values()))
+        return matmul_config(*args, **kwargs)
+
+    monkeypatch.setattr(module, "matmul_config", spy)
+    w = torch.randn(24, 64)
+    for count in (1, 2, 7, 16, 17, 40):
+        matmul(torch.randn(count, 64), w)
+    assert asked == [(24, 64, "float32", "cpu")] * 6
 
 
 def test_an_m_dependent_block_k_breaks_invariance(same_bits):

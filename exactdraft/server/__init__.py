@@ -1,0 +1,8 @@
+"""An OpenAI- and Anthropic-compatible HTTP server over the engine (`pip install
+"exactdraft[server]"`; `exactdraft serve`). Every response carries a receipt so a client can
+check drafted == serial itself, and two processes of the same model under the same arithmetic
+give the same bytes for the same request (only `id` and `created` differ)."""
+
+from exactdraft.server.run import bound_address, build, serve
+
+__all__ = ["bound_address", "build", "serve"]

@@ -1,0 +1,104 @@
+"""The Anthropic wire format: /v1/messages, whole or as its stream of events.
+
+Invariant: a message (whole or streamed) carries exactly what the engine committed: the text,
+the stop reason (end_turn for a stop token, stop_sequence with the string that matched,
+max_tokens for the length or context limit), the token counts and, as exactdraft's extension,
+the receipt (in the message, and in the stream's message_delta event). Streamed text deltas
+concatenate to the whole message's text. Extensions in a request: `min_p`,
+`repetition_penalty`, `seed` and `drafts` (false: serial decoding).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from exactdraft.decoding import Chunk, GenerationResult
+from exactdraft.server.fields import (
+    RequestError,
+    Wanted,
+    chat_messages,
+    integer,
+    refuse_unsupported,
+    sampling_fields,
+    stop_strings,
+    text_content,
+    typed,
+)
+from exactdraft.server.service import Service
+
+SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+            "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
+UNSUPPORTED = ("tools", "tool_choice", "thinking", "mcp_servers", "container")
+
+
+def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
+    refuse_unsupported(body, UNSUPPORTED)
+    service.check_model(dict(body))
+    if body.get("max_tokens") is None:
+        raise RequestError("max_tokens is required", "max_tokens")
+    max_tokens = integer(body, "max_tokens", 1, service.target.max_context)
+    system = body.get("system")
+    system_text = None if system is None else text_content(system, "system")
+    for index, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") not in ("user", "assistant"):
+            raise RequestError(f"messages[{index}].role must be user or assistant",
+                               f"messages[{index}].role")
+    return Wanted(prompt=chat_messages(body.get("messages"), system=system_text),
+                  max_tokens=max_tokens,
+                  stream=typed(body, "stream", (bool,), "true or false", False),
+                  stop=stop_strings(body, "stop_sequences"),
+                  drafts=typed(body, "drafts", (bool,), "true or false", True),
+                  sampling=sampling_fields(body, SAMPLING))
+
+
+class Reply:
+    def __init__(self, service: Service, wanted: Wanted, prompt_ids: list[int]) -> None:
+        self.service, self.wanted, self.prompt_ids = service, wanted, prompt_ids
+        self.id = "msg_" + uuid.uuid4().hex
+
+    def _stop(self, result: GenerationResult) -> tuple[str, str | None]:
+        if result.finish_reason == "stop":
+            if isinstance(result.stop, str):
+                return "stop_sequence", result.stop
+            return "end_turn", None
+        return ("max_tokens", None) if result.finish_reason in ("length", "context") else \
+            ("end_turn", None)
+
+    def _message(self, content: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "content": content,
+                "model": self.service.model_name, "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": output_tokens}}
+
+    def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
+        result = results[0]
+        message = self._message([{"type": "text", "text": result.text or ""}],
+                                len(result.tokens))
+        message["stop_reason"], message["stop_sequence"] = self._stop(result)
+        message["receipt"] = self.service.receipt(result)
+        return message
+
+    def start_events(self) -> list[tuple[str, dict[str, Any]]]:
+        return [("message_start", {"type": "message_start", "message": self._message([], 0)}),
+                ("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {"type": "text", "text": ""}}),
+                ("ping", {"type": "ping"})]
+
+    def chunk_events(self, chunk: Chunk) -> list[tuple[str, dict[str, Any]]]:
+        events = []
+        if chunk.text:
+            events.append(("content_block_delta", {
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": chunk.text}}))
+        result = chunk.result
+        if result is not None:
+            reason, sequence = self._stop(result)
+            events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                       ("message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": reason,
+                                                    "stop_sequence": sequence},
+                                          "usage": {"output_tokens": len(result.tokens)},
+                                          "receipt": self.service.receipt(result)}),
+                       ("message_stop", {"type": "message_stop"})]
+        return events

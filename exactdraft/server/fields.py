@@ -1,0 +1,172 @@
+"""Reading a request body: every field checked, and a bad one named in a RequestError.
+
+Invariant: nothing reaches the engine that was not checked here or by the engine's own checks,
+and every refusal is a RequestError carrying the HTTP status and the name of the offending
+field as the client wrote it (`messages[2].role`, `top_p`), so the server answers it with a 4xx
+JSON error and goes on serving. Sampling fields are checked by building SamplingParams with the
+one field, so the server accepts exactly what the Python API accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exactdraft.errors import ParameterError
+from exactdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams
+
+# Roles a chat prompt may hold; "developer" is OpenAI's newer name for "system".
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class RequestError(ParameterError):
+    """A request the server refuses; `param` names the field, `status` the HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.param, self.status, self.kind = param, status, kind
+
+
+@dataclass
+class Wanted:
+    """What a request asks for, in the engine's terms."""
+
+    prompt: Any  # text, or chat messages [{"role", "content"}]
+    max_tokens: int | None
+    n: int = 1
+    stream: bool = False
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+    drafts: bool = True
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields given
+    include_usage: bool = False
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(f"the request body is not valid UTF-8 (byte {error.start})",
+                           "body") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestError(f"the request body is not JSON: {error.msg} at line {error.lineno} "
+                           f"column {error.colno}", "body") from None
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply", "body") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got "
+                           f"{type(body).__name__}", "body")
+    return body
+
+
+def typed(body: Mapping[str, Any], name: str, kinds: tuple[type, ...], what: str,
+          default: Any = None) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds:
+        raise RequestError(f"{name} must be {what}, got {json.dumps(value)}", name)
+    if not isinstance(value, kinds):
+        raise RequestError(f"{name} must be {what}, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def integer(body: Mapping[str, Any], name: str, low: int, high: int,
+            default: int | None = None) -> int | None:
+    value = typed(body, name, (int,), "an integer", default)
+    if value is not None and not low <= value <= high:
+        raise RequestError(f"{name} must be an integer in [{low}, {high}], got {value}", name)
+    return value
+
+
+def sampling_fields(body: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """SamplingParams fields from the body's fields (wire name -> field name), each checked by
+    SamplingParams itself."""
+    found: dict[str, Any] = {}
+    for wire, name in names.items():
+        value = body.get(wire)
+        if value is None:
+            continue
+        if name == "logit_bias":
+            value = _logit_bias(value, wire)
+        try:
+            SamplingParams(**{name: value})
+        except ParameterError as error:
+            raise RequestError(f"{wire}: {error}", wire) from None
+        found[name] = value
+    return found
+
+
+def _logit_bias(value: Any, wire: str) -> dict[int, Any]:
+    if not isinstance(value, dict):
+        raise RequestError(f"{wire} must be an object of token id -> bias", wire)
+    bias = {}
+    for key, amount in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestError(f"{wire} key {key!r} is not a token id", wire) from None
+        bias[token] = amount
+    return bias
+
+
+def stop_strings(body: Mapping[str, Any], name: str, limit: int = 16) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or len(strings) > limit or \
+            not all(isinstance(s, str) and s for s in strings):
+        raise RequestError(f"{name} must be a non-empty string or a list of at most {limit} "
+                           "non-empty strings", name)
+    return strings
+
+
+def text_content(content: Any, where: str) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}[{index}] must be a text part "
+                                   '({"type": "text", "text": ...}); only text is supported',
+                                   f"{where}[{index}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where} must be a string or a list of text parts", where)
+
+
+def chat_messages(value: Any, name: str = "messages",
+                  system: str | None = None) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RequestError(f"{name} must be a non-empty list of messages", name)
+    messages = [{"role": "system", "content": system}] if system else []
+    for index, message in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"{where} must be an object with role and content", where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role {json.dumps(role)[:40]} is not one of "
+                               f"{', '.join(sorted(ROLES))}", f"{where}.role")
+        messages.append({"role": ROLES[role],
+                         "content": text_content(message.get("content"), f"{where}.content")})
+    return messages
+
+
+def refuse_unsupported(body: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        if body.get(name) not in (None, False, [], {}):
+            raise RequestError(f"{name} is not supported by this server", name)
+
+
+def top_logprobs(body: Mapping[str, Any], name: str) -> int:
+    return integer(body, name, 0, MAX_TOP_LOGPROBS, 0)

@@ -1,0 +1,172 @@
+"""The OpenAI wire format: /v1/chat/completions, /v1/completions and /v1/models.
+
+Invariant: a response (whole or streamed) carries exactly what the engine committed for each
+choice: its text, its finish reason, its logprobs (the token, its logprob and the top
+alternatives from the distribution the draw was made from) and its receipt; a streamed choice's
+deltas concatenate to the whole response's text. Fields beyond OpenAI's are exactdraft's
+extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
+request, `receipt` on each finished choice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from exactdraft.decoding import Chunk, GenerationResult
+from exactdraft.sampling import TokenLogprob
+from exactdraft.server.fields import (
+    RequestError,
+    Wanted,
+    chat_messages,
+    integer,
+    refuse_unsupported,
+    sampling_fields,
+    stop_strings,
+    top_logprobs,
+    typed,
+)
+from exactdraft.server.service import Service
+
+SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+            "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "logit_bias": "logit_bias", "seed": "seed"}
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "prediction",
+               "suffix", "echo")
+FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
+
+
+def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
+    refuse_unsupported(body, UNSUPPORTED)
+    service.check_model(dict(body))
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise RequestError("response_format other than text is not supported",
+                           "response_format")
+    limit = service.target.max_context
+    max_tokens = integer(body, "max_completion_tokens", 0, limit)
+    if max_tokens is None:
+        max_tokens = integer(body, "max_tokens", 0, limit)
+    options = typed(body, "stream_options", (dict,), "an object", {})
+    return Wanted(prompt=prompt, max_tokens=max_tokens,
+                  n=integer(body, "n", 1, 64, 1),
+                  stream=typed(body, "stream", (bool,), "true or false", False),
+                  stop=stop_strings(body, "stop"),
+                  drafts=typed(body, "drafts", (bool,), "true or false", True),
+                  sampling=sampling_fields(body, SAMPLING),
+                  include_usage=bool(options.get("include_usage")))
+
+
+def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
+    wanted = common(body, service, chat_messages(body.get("messages")))
+    if typed(body, "logprobs", (bool,), "true or false", False):
+        wanted.logprobs = top_logprobs(body, "top_logprobs")
+    elif body.get("top_logprobs") is not None:
+        raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    return wanted
+
+
+def completion_request(body: Mapping[str, Any], service: Service) -> Wanted:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not (isinstance(prompt, str) and prompt) and not (
+            isinstance(prompt, list) and prompt and
+            all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        raise RequestError("prompt must be a non-empty string or a list of token ids "
+                           "(one prompt per request)", "prompt")
+    wanted = common(body, service, prompt)
+    if wanted.max_tokens is None:
+        wanted.max_tokens = min(16, service.target.max_context - 1)  # OpenAI's default
+    wanted.logprobs = integer(body, "logprobs", 0, 20)
+    return wanted
+
+
+class Reply:
+    """One response in the making: chat or completion, whole or streamed."""
+
+    def __init__(self, service: Service, chat: bool, wanted: Wanted, prompt_ids: list[int]):
+        self.service, self.chat, self.wanted = service, chat, wanted
+        self.prompt_ids = prompt_ids
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _head(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created,
+                "model": self.service.model_name, "system_fingerprint": None}
+
+    def _usage(self, completion: int) -> dict[str, int]:
+        prompt = len(self.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
+        choices = []
+        for index, result in enumerate(results):
+            choice: dict[str, Any] = {"index": index,
+                                      "finish_reason": FINISH[result.finish_reason]}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": result.text or ""}
+            else:
+                choice["text"] = result.text or ""
+            choice["logprobs"] = self.logprobs(result.logprobs, 0)
+            choice["receipt"] = self.service.receipt(result)
+            choices.append(choice)
+        return {**self._head(self.object), "choices": choices,
+                "usage": self._usage(sum(len(r.tokens) for r in results))}
+
+    def chunk(self, index: int, chunk: Chunk, first: bool, offset: int) -> dict[str, Any]:
+        """The SSE payload of one engine chunk; `offset`: the choice's text so far."""
+        choice: dict[str, Any] = {"index": index, "logprobs": self.logprobs(chunk.logprobs,
+                                                                            offset)}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if chunk.text or first:
+                delta["content"] = chunk.text
+            choice["delta"] = delta
+        else:
+            choice["text"] = chunk.text
+        result = chunk.result
+        choice["finish_reason"] = None if result is None else FINISH[result.finish_reason]
+        if result is not None:
+            choice["receipt"] = self.service.receipt(result)
+        name = "chat.completion.chunk" if self.chat else "text_completion"
+        payload = {**self._head(name), "choices": [choice]}
+        if self.wanted.include_usage:
+            payload["usage"] = None
+        return payload
+
+    def usage_chunk(self, completion: int) -> dict[str, Any]:
+        name = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(name), "choices": [], "usage": self._usage(completion)}
+
+    def logprobs(self, entries: list[TokenLogprob] | None, offset: int) -> Any:
+        if entries is None:
+            return None
+        piece = self.service.piece
+        if self.chat:
+            def item(token: int, logprob: float) -> dict[str, Any]:
+                text = piece(token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                        "token_id": token}
+
+            return {"content": [{**item(e.token, e.logprob),
+                                 "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                                for e in entries]}
+        tokens, offsets = [], []
+        for entry in entries:
+            offsets.append(offset)
+            tokens.append(piece(entry.token))
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{piece(t): lp for t, lp in e.top} for e in entries],
+                "text_offset": offsets}
+
+
+def models(service: Service) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": service.model_name, "object": "model",
+                                        "created": 0, "owned_by": "exactdraft"}]}

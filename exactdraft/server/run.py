@@ -1,0 +1,64 @@
+"""Running the server: a Generator, its Engine and prefix cache, and uvicorn on host:port.
+
+Invariant: the prefix cache file, when one is named, is read only if it was written for this
+model (otherwise ignored with a warning, exactdraft.engine.cache_file) and is written back
+whole when the server shuts down, so a restarted server starts warm with the same outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from exactdraft.engine import Engine, PrefixCache, load_prefix_cache, save_prefix_cache
+from exactdraft.generator import Generator
+
+
+def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
+          port: int = 8000, max_sequences: int = 8, max_waiting: int = 64,
+          prefix_cache_bytes: int = 256 * 2**20, prefix_cache_file: str | None = None,
+          log_level: str = "warning") -> Any:
+    """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
+    set should_exit to stop it). The engine stops, and the cache file is written, on
+    shutdown."""
+    import uvicorn
+
+    from exactdraft.server.app import create_app
+
+    cache = PrefixCache(budget_bytes=prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+    if cache is not None and prefix_cache_file is not None:
+        load_prefix_cache(cache, prefix_cache_file, generator.target)
+    engine = Engine(generator, max_sequences=max_sequences, max_waiting=max_waiting,
+                    prefix_cache=cache)
+
+    def shut_down() -> None:
+        engine.close()
+        if engine.prefix_cache is not None and prefix_cache_file is not None:
+            save_prefix_cache(engine.prefix_cache, prefix_cache_file, generator.target)
+
+    app = create_app(engine, model_name, on_shutdown=shut_down)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server.engine = engine
+    return server
+
+
+def bound_address(server: Any) -> tuple[str, int]:
+    """(host, port) a started server listens on (the chosen one for port 0)."""
+    return tuple(server.servers[0].sockets[0].getsockname()[:2])
+
+
+def serve(generator: Generator, model_name: str, *,
+          ready: Callable[[tuple[str, int]], None] | None = None, **options: Any) -> None:
+    """Serve `generator` until interrupted (options: those of `build`). `ready` is called with
+    the bound (host, port) once the server accepts connections."""
+    server = build(generator, model_name, **options)
+    if ready is not None:
+        original = server.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await original(sockets=sockets)
+            if server.started:
+                ready(bound_address(server))
+
+        server.startup = startup
+    server.run()

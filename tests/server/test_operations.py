@@ -10,7 +10,7 @@ import concurrent.futures
 import json
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,9 +23,9 @@ from tests.server.live import get, post, server_in_thread
 PAUSE_SECONDS = 0.1  # per drafting pass, so per token of a request that drafts
 WAIT_SECONDS = 10  # for the server to react to a client that went away
 USER = [{"role": "user", "content": "abc abc"}]
-# Greedy: the tiny model writes 348 tokens before its eos here (35 s with drafts), 1000 with
+# Greedy: the tiny model writes 348 tokens before its eos here (35 s with drafts), 900 with
 # eos banned (OpenAI's logit_bias; /v1/messages ignores the field).
-LONG = {"model": MODEL, "messages": USER, "max_tokens": 1000, "temperature": 0,
+LONG = {"model": MODEL, "messages": USER, "max_tokens": 900, "temperature": 0,
         "logit_bias": {"2": -1e9}}
 QUICK = {"model": MODEL, "messages": USER, "max_tokens": 2, "drafts": False}
 
@@ -47,7 +47,7 @@ class SlowDrafter:
 
 
 @pytest.fixture(scope="module")
-def slow(tiny_checkpoints):
+def slow(tiny_checkpoints: dict[str, str]) -> Iterator[tuple[str, Any, Any]]:
     """(base url, engine, generator) of a server with max_sequences=1, max_waiting=2."""
     generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
                                              drafter=SlowDrafter(), progress=False)
@@ -55,7 +55,7 @@ def slow(tiny_checkpoints):
         yield base, engine, generator
 
 
-def wait_for(condition: Any, seconds: float = WAIT_SECONDS) -> bool:
+def wait_for(condition: Callable[[], bool], seconds: float = WAIT_SECONDS) -> bool:
     """Whether `condition()` came true within `seconds` (polled)."""
     deadline = time.monotonic() + seconds
     while not condition():

@@ -27,7 +27,7 @@ from exactdraft.models.config import (
 )
 from exactdraft.models.decoder import DecoderModel, TensorNames
 from exactdraft.models.gguf_names import RenamedTensors
-from exactdraft.models.registry import Family
+from exactdraft.models.registry import Family, family_for_model_type
 
 NAMES = TensorNames()
 ROPE_FACTORS = "rope_freqs.weight"  # llama3 rope scaling as per-frequency factors
@@ -86,9 +86,12 @@ def sliding_windows_from_hf(reader: ConfigReader, num_layers: int) -> tuple[int,
 
 
 def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
-                     source: str) -> DecoderConfig:
-    """Map GGUF metadata (and which tensors exist) onto a DecoderConfig."""
+                     source: str) -> Any:
+    """Map GGUF metadata (and which tensors exist) onto a DecoderConfig (or, for a llama file
+    with experts, as llama.cpp writes Mixtral, onto the mixture-of-experts family's config)."""
     arch = fields["general.architecture"]
+    if arch == "llama" and fields.get("llama.expert_count"):
+        return _moe_family().config_from_gguf(fields, tensors, source)
     reader = ConfigReader(fields, source, prefix=f"{arch}.")
     for key in ("embedding_length", "attention.head_count", "block_count"):
         if isinstance(reader.value(key), list):
@@ -107,7 +110,7 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     if "token_embd.weight" not in tensors:
         raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
     vocab = int(tensors.shape("token_embd.weight")[0])
-    scaling = _gguf_rope_scaling(reader)
+    scaling = gguf_rope_scaling(reader)
     if ROPE_FACTORS in tensors:
         if scaling is not None:
             raise ConfigError(f"{source}: both rope scaling metadata and {ROPE_FACTORS}")
@@ -178,7 +181,7 @@ def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float
     return scaling
 
 
-def _gguf_rope_scaling(reader: ConfigReader) -> RopeScaling | None:
+def gguf_rope_scaling(reader: ConfigReader) -> RopeScaling | None:
     kind = reader.value("rope.scaling.type", None)
     factor = reader.value("rope.scaling.factor", reader.value("rope.scale_linear", None))
     if kind is None and factor is not None:
@@ -203,7 +206,7 @@ def rope_row_order(num_heads: int, head_dim: int) -> np.ndarray:
     return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
 
 
-def _take_rows(value: Any, order: np.ndarray) -> Any:
+def take_rows(value: Any, order: np.ndarray) -> Any:
     """The rows `order` of a weight (blocks move as whole rows) or of a bias vector."""
     from exactdraft.formats import QuantizedTensor
 
@@ -215,6 +218,8 @@ def _take_rows(value: Any, order: np.ndarray) -> Any:
 
 def gguf_tensors(config: DecoderConfig, tensors: Mapping[str, Any],
                  source: str) -> Mapping[str, Any]:
+    if not isinstance(config, DecoderConfig):  # a llama file with experts
+        return _moe_family().gguf_tensors(config, tensors, source)
     transform = None
     if config.model_type == "llama":
         orders = {"q": rope_row_order(config.num_heads, config.head_dim),
@@ -222,14 +227,21 @@ def gguf_tensors(config: DecoderConfig, tensors: Mapping[str, Any],
 
         def transform(gguf_name: str, value: Any) -> Any:
             rotated = _ROTATED_TENSOR.fullmatch(gguf_name)
-            return value if rotated is None else _take_rows(value, orders[rotated.group(1)])
+            return value if rotated is None else take_rows(value, orders[rotated.group(1)])
 
     return RenamedTensors(tensors, NAMES, source, transform, ignored=(ROPE_FACTORS,))
 
 
 def build(config: DecoderConfig, tensors: Mapping[str, Any], backend: Any,
-          max_context: int | None = None) -> DecoderModel:
+          max_context: int | None = None) -> Any:
+    if not isinstance(config, DecoderConfig):  # a llama file with experts
+        return _moe_family().build(config, tensors, backend, max_context)
     return DecoderModel(config, tensors, backend, max_context, NAMES)
+
+
+def _moe_family() -> Family:
+    """The family of Mixtral, whose GGUF files llama.cpp writes as llama files with experts."""
+    return family_for_model_type("mixtral", "<registry>")
 
 
 FAMILY = Family(

@@ -10,6 +10,12 @@ experts routed by sigmoid scores with the correction bias, group-limited top-k, 
 where `norm_topk_prob` (plus 1e-20) and scaled by `routed_scaling_factor`, beside a shared
 squared-ReLU expert (and latent projections around the routed experts where the config has
 `moe_latent_size`). Norm weights are used as stored.
+
+GGUF files: llama.cpp's `nemotron_h` and `nemotron_h_moe` architectures. A layer's kind is
+read from the tensors it has (ssm_in, attn_q, ffn_gate_inp, ffn_up); A is stored as
+-exp(A_log) (float32); q/k rows, which its converter permutes as for a llama rope (the model
+has none), are put back. The time-step clamp is not in the file: transformers' defaults
+(time_step_min 0.001, no upper limit) apply.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader
 from exactdraft.models.hybrid import Block, HybridModel, Trunk
+from exactdraft.models.llama import gguf_special_tokens, rope_row_order, take_rows
 from exactdraft.models.mamba2 import Mamba2
 from exactdraft.models.mixers import (
     TensorReader,
@@ -33,7 +40,15 @@ from exactdraft.models.mixers import (
     load_attention,
     norm_vector,
 )
-from exactdraft.models.moe import MoEBlock, RouterSettings, load_experts, make_moe_block
+from exactdraft.models.moe import (
+    GGUFRenamed,
+    MoEBlock,
+    Part,
+    RouterSettings,
+    load_experts,
+    make_moe_block,
+)
+from exactdraft.models.qwen3_moe import gguf_head_dim, gguf_reader
 from exactdraft.models.registry import Family
 
 PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -128,8 +143,98 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> NemotronHConfig:
         time_step_max=upper, **settings)
 
 
-def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any], source: str) -> Any:
-    raise ConfigError(f"{source}: Nemotron-H GGUF files are not supported yet")
+# The tensor that marks each kind of layer in a GGUF file.
+GGUF_KINDS = {"ssm_in.weight": "mamba", "attn_q.weight": "attention",
+              "ffn_gate_inp.weight": "moe", "ffn_up.weight": "mlp"}
+
+
+def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
+                     source: str) -> NemotronHConfig:
+    arch = fields["general.architecture"]
+    reader = gguf_reader(fields, tensors, source, arch)
+    hidden = reader.int("embedding_length")
+    heads = reader.int("attention.head_count")
+    kinds = []
+    for i in range(reader.int("block_count")):
+        kind = next((k for name, k in GGUF_KINDS.items() if f"blk.{i}.{name}" in tensors), None)
+        if kind is None:
+            raise ConfigError(f"{source}: GGUF layer {i} has none of "
+                              f"{', '.join(f'blk.{i}.{name}' for name in GGUF_KINDS)}")
+        kinds.append(kind)
+    kv_heads = reader.value("attention.head_count_kv", heads)
+    kv_heads = sorted({n for n in kv_heads if n}) if isinstance(kv_heads, list) else [kv_heads]
+    if len(kv_heads) != 1:
+        raise reader.fail("attention.head_count_kv", f"must give one head count for the "
+                          f"attention layers, got {kv_heads}")
+    mamba_heads = reader.int("ssm.time_step_rank")
+    inner = reader.int("ssm.inner_size")
+    if inner % mamba_heads:
+        raise reader.fail("ssm.inner_size", f"({inner}) is not a multiple of the "
+                          f"{mamba_heads} heads")
+    first = {kind: kinds.index(kind) for kind in kinds}  # the first layer of each kind
+    settings: dict[str, Any] = {}
+    if "moe" in kinds:
+        settings = dict(
+            num_experts=reader.int("expert_count"), top_k=reader.int("expert_used_count"),
+            expert_size=reader.int("expert_feed_forward_length"),
+            shared_expert_size=reader.int("expert_shared_feed_forward_length", 0, minimum=0),
+            latent_size=reader.int("moe_latent_size", 0, minimum=0),
+            normalize_top_k=reader.bool("expert_weights_norm", True),
+            routed_scale=reader.float("expert_weights_scale", 1.0),
+            groups=reader.int("expert_group_count", 1),
+            top_groups=reader.int("expert_group_used_count", 1))
+    return NemotronHConfig(
+        source=source, vocab_size=int(tensors.shape("token_embd.weight")[0]),
+        hidden_size=hidden, layer_kinds=tuple(kinds), num_heads=heads,
+        num_kv_heads=kv_heads[0], head_dim=gguf_head_dim(reader, hidden, heads),
+        eps=reader.float("attention.layer_norm_rms_epsilon",
+                         reader.float("attention.layer_norm_epsilon", 1e-5)),
+        max_position_embeddings=reader.int("context_length", 4096),
+        tie_word_embeddings="output.weight" not in tensors,
+        eos_token_ids=gguf_special_tokens(fields, source)["eos_token_ids"],
+        intermediate_size=tensors.shape(f"blk.{first['mlp']}.ffn_up.weight")[0]
+        if "mlp" in first else 1,
+        mamba_heads=mamba_heads, mamba_head_dim=inner // mamba_heads,
+        mamba_groups=reader.int("ssm.group_count", 1), state_size=reader.int("ssm.state_size"),
+        conv_kernel=reader.int("ssm.conv_kernel"),
+        conv_bias=f"blk.{first.get('mamba', 0)}.ssm_conv1d.bias" in tensors,
+        proj_bias=f"blk.{first.get('mamba', 0)}.ssm_in.bias" in tensors,
+        time_step_min=0.001, time_step_max=math.inf, **settings)
+
+
+def gguf_tensors(config: NemotronHConfig, tensors: Mapping[str, Any],
+                 source: str) -> GGUFRenamed:
+    c = config
+    parts = {
+        "attn_norm.weight": Part("norm.weight"),
+        **{f"ssm_{gguf}.{kind}": Part(f"mixer.{hf}_proj.{kind}")
+           for gguf, hf in (("in", "in"), ("out", "out")) for kind in ("weight", "bias")},
+        "ssm_conv1d.weight": Part("mixer.conv1d.weight", shape=lambda s: (s[0], 1, s[1])),
+        "ssm_conv1d.bias": Part("mixer.conv1d.bias"),
+        "ssm_dt.bias": Part("mixer.dt_bias"),
+        "ssm_a": Part("mixer.A", shape=lambda s: (s[0],)),
+        "ssm_d": Part("mixer.D", shape=lambda s: (s[0],)),
+        "ssm_norm.weight": Part("mixer.norm.weight", shape=lambda s: (s[0] * s[1],)),
+        **{f"attn_{gguf}.weight": Part(f"mixer.{hf}_proj.weight")
+           for gguf, hf in (("v", "v"), ("output", "o"))},
+        "ffn_up.weight": Part("mixer.up_proj.weight"),
+        "ffn_down.weight": Part("mixer.down_proj.weight"),
+        "ffn_gate_inp.weight": Part("mixer.gate.weight"),
+        "exp_probs_b.bias": Part("mixer.gate.e_score_correction_bias"),
+        "ffn_up_exps.weight": Part("mixer.experts.{e}.up_proj.weight"),
+        "ffn_down_exps.weight": Part("mixer.experts.{e}.down_proj.weight"),
+        "ffn_up_shexp.weight": Part("mixer.shared_experts.up_proj.weight"),
+        "ffn_down_shexp.weight": Part("mixer.shared_experts.down_proj.weight"),
+        "ffn_latent_down.weight": Part("mixer.fc1_latent_proj.weight"),
+        "ffn_latent_up.weight": Part("mixer.fc2_latent_proj.weight"),
+    }
+    for name, heads in (("q", c.num_heads), ("k", c.num_kv_heads)):
+        order = rope_row_order(heads, c.head_dim)  # the converter permuted them
+        parts[f"attn_{name}.weight"] = Part(f"mixer.{name}_proj.weight", convert=lambda value,
+                                            order=order: take_rows(value, order))
+    names = {"token_embd.weight": "backbone.embeddings.weight",
+             "output_norm.weight": "backbone.norm_f.weight", "output.weight": "lm_head.weight"}
+    return GGUFRenamed(tensors, source, names, parts, lambda i: f"backbone.layers.{i}.")
 
 
 def mamba(be: Any, reader: TensorReader, prefix: str, c: NemotronHConfig, slot: int) -> Mamba2:
@@ -138,6 +243,9 @@ def mamba(be: Any, reader: TensorReader, prefix: str, c: NemotronHConfig, slot: 
     channels = inner + 2 * c.mamba_groups * c.state_size
     projected = inner + channels + heads
     conv = reader.array(prefix + "conv1d.weight", (channels, 1, c.conv_kernel))
+    # GGUF files store A = -exp(A_log) (float32) instead of A_log.
+    a = reader.array(prefix + "A", (heads,)).astype(np.float64) if reader.has(prefix + "A") \
+        else -float64_math.exp(reader.array(prefix + "A_log", (heads,)))
 
     def bias(name: str, size: int) -> Any:
         return be.vector(reader.array(prefix + name, (size,))) if c.proj_bias else None
@@ -147,7 +255,7 @@ def mamba(be: Any, reader: TensorReader, prefix: str, c: NemotronHConfig, slot: 
         out_proj=be.matrix(reader.get(prefix + "out_proj.weight", (hidden, inner))),
         conv_weight=np.ascontiguousarray(conv[:, 0, :].T),
         conv_bias=reader.array(prefix + "conv1d.bias", (channels,)) if c.conv_bias else None,
-        a=-float64_math.exp(reader.array(prefix + "A_log", (heads,))),
+        a=a,
         dt_bias=reader.array(prefix + "dt_bias", (heads,)).astype(np.float64),
         skip=reader.array(prefix + "D", (heads,)),
         norm_weight=reader.array(prefix + "norm.weight", (inner,)),
@@ -219,10 +327,10 @@ def build(config: NemotronHConfig, tensors: Mapping[str, Any], backend: Any,
 FAMILY = Family(
     name="nemotron_h",
     model_types=("nemotron_h",),
-    gguf_architectures=(),
+    gguf_architectures=("nemotron_h", "nemotron_h_moe"),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=lambda config, tensors, source: tensors,
+    gguf_tensors=gguf_tensors,
     build=build,
 )

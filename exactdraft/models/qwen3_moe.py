@@ -8,6 +8,12 @@ qwen3_moe takes the top-k of the softmax over all experts, renormalised only whe
 `norm_topk_prob` is true, with dense MLP layers where `mlp_only_layers` or
 `decoder_sparse_step` say; mixtral takes the top-k of the softmax and always renormalises.
 Attention is llama's (qk norms for qwen3_moe, sliding windows where configured).
+
+GGUF files: llama.cpp's `qwen3moe` architecture, and Mixtral as it writes it (architecture
+`llama` with `llama.expert_count`, q/k rows permuted for its interleaved rope and put back
+here); experts come stacked (`ffn_gate_exps` [E, I, H], ...) and are sliced one per expert.
+llama.cpp always renormalises the top-k weights of both (unless `expert_weights_norm` says
+otherwise).
 """
 
 from __future__ import annotations
@@ -25,9 +31,21 @@ from exactdraft.models.config import (
     rope_theta_from_hf,
 )
 from exactdraft.models.hybrid import Block, HybridModel, Trunk
-from exactdraft.models.llama import sliding_windows_from_hf
+from exactdraft.models.llama import (
+    gguf_rope_scaling,
+    gguf_special_tokens,
+    rope_row_order,
+    sliding_windows_from_hf,
+    take_rows,
+)
 from exactdraft.models.mixers import TensorReader, dense_mlp, load_attention, norm_vector
-from exactdraft.models.moe import RouterSettings, load_experts, make_moe_block
+from exactdraft.models.moe import (
+    GGUFRenamed,
+    Part,
+    RouterSettings,
+    load_experts,
+    make_moe_block,
+)
 from exactdraft.models.registry import Family
 
 
@@ -99,8 +117,96 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> MoEConfig:
         expert_size=expert_size, dense_size=dense_size, sparse_layers=sparse)
 
 
-def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any], source: str) -> Any:
-    raise ConfigError(f"{source}: mixture-of-experts GGUF files are not supported yet")
+def gguf_reader(fields: Mapping[str, Any], tensors: Mapping[str, Any], source: str,
+                arch: str) -> ConfigReader:
+    """A reader of `{arch}.*` metadata, once the file is known to have token embeddings and
+    scalar (not per-layer) sizes."""
+    reader = ConfigReader(fields, source, prefix=f"{arch}.")
+    for key in ("embedding_length", "attention.head_count", "block_count"):
+        if isinstance(reader.value(key), list):
+            raise reader.fail(key, "is per layer, which is not supported")
+    if "token_embd.weight" not in tensors:
+        raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
+    return reader
+
+
+def gguf_head_dim(reader: ConfigReader, hidden: int, heads: int) -> int:
+    head_dim = reader.int("attention.key_length", hidden // heads)
+    if reader.int("attention.value_length", head_dim) != head_dim:
+        raise reader.fail("attention.value_length", f"differs from the key head size "
+                          f"{head_dim}; not supported")
+    return head_dim
+
+
+def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
+                     source: str) -> MoEConfig:
+    """llama.cpp's qwen3moe metadata, or a llama file with experts (Mixtral)."""
+    arch = fields["general.architecture"]
+    reader = gguf_reader(fields, tensors, source, arch)
+    mixtral = arch == "llama"
+    hidden = reader.int("embedding_length")
+    heads = reader.int("attention.head_count")
+    layers = reader.int("block_count")
+    head_dim = gguf_head_dim(reader, hidden, heads)
+    if reader.int("rope.dimension_count", head_dim) != head_dim:
+        raise reader.fail("rope.dimension_count", "is a partial rotary embedding, which is not "
+                          "supported")
+    experts = reader.int("expert_count")
+    top_k = reader.int("expert_used_count")
+    if top_k > experts:
+        raise reader.fail("expert_used_count", f"({top_k}) exceeds the {experts} experts")
+    expert_size = reader.int("feed_forward_length" if mixtral else "expert_feed_forward_length")
+    return MoEConfig(
+        model_type="mixtral" if mixtral else "qwen3_moe", source=source,
+        vocab_size=int(tensors.shape("token_embd.weight")[0]), hidden_size=hidden,
+        num_layers=layers, num_heads=heads,
+        num_kv_heads=reader.int("attention.head_count_kv", heads), head_dim=head_dim,
+        rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=reader.float("rope.freq_base", 10000.0),
+        rope_scaling=gguf_rope_scaling(reader),
+        max_position_embeddings=reader.int("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        sliding_windows=(reader.int("attention.sliding_window", 0, minimum=0),) * layers,
+        eos_token_ids=gguf_special_tokens(fields, source)["eos_token_ids"],
+        num_experts=experts, top_k=top_k,
+        normalize_top_k=reader.bool("expert_weights_norm", True),
+        expert_size=expert_size,
+        dense_size=reader.int("feed_forward_length", expert_size),
+        sparse_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(layers)))
+
+
+GGUF_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+# llama.cpp's layer tensors -> names under model.layers.{i}.
+GGUF_ATTENTION = {
+    "attn_norm.weight": Part("input_layernorm.weight"),
+    **{f"attn_{gguf}.{kind}": Part(f"self_attn.{hf}_proj.{kind}")
+       for gguf, hf in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
+       for kind in ("weight", "bias")},
+    "attn_q_norm.weight": Part("self_attn.q_norm.weight"),
+    "attn_k_norm.weight": Part("self_attn.k_norm.weight"),
+}
+GGUF_MLP = {
+    "ffn_gate_inp.weight": Part("mlp.gate.weight"),
+    **{f"ffn_{kind}.weight": Part(f"mlp.{kind}_proj.weight") for kind in ("gate", "up", "down")},
+    **{f"ffn_{kind}_exps.weight": Part(f"mlp.experts.{{e}}.{kind}_proj.weight")
+       for kind in ("gate", "up", "down")},
+}
+
+
+def gguf_tensors(config: MoEConfig, tensors: Mapping[str, Any], source: str) -> GGUFRenamed:
+    parts = {**GGUF_ATTENTION, **GGUF_MLP,
+             "ffn_norm.weight": Part("post_attention_layernorm.weight")}
+    if config.model_type == "mixtral":  # llama.cpp's converter permuted these rows
+        for name, heads in (("q", config.num_heads), ("k", config.num_kv_heads)):
+            order = rope_row_order(heads, config.head_dim)
+            for kind in ("weight", "bias"):
+                parts[f"attn_{name}.{kind}"] = Part(
+                    parts[f"attn_{name}.{kind}"].name,
+                    convert=lambda value, order=order: take_rows(value, order))
+    return GGUFRenamed(tensors, source, GGUF_NAMES, parts, lambda i: f"model.layers.{i}.")
 
 
 def build(config: MoEConfig, tensors: Mapping[str, Any], backend: Any,
@@ -149,10 +255,10 @@ def build(config: MoEConfig, tensors: Mapping[str, Any], backend: Any,
 FAMILY = Family(
     name="qwen3_moe",
     model_types=("qwen3_moe", "mixtral"),
-    gguf_architectures=(),
+    gguf_architectures=("qwen3moe",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=lambda config, tensors, source: tensors,
+    gguf_tensors=gguf_tensors,
     build=build,
 )

@@ -11,10 +11,18 @@ gate (q_proj holds, per head, D query rows then D gate rows); Gated DeltaNet lay
 Qwen3-Next's grouped in_proj_qkvz / in_proj_ba rows put into Qwen3.5's order (q, k, v, z, b, a);
 MoE MLPs with softmax top-k routing (renormalised where `norm_topk_prob`; always for
 qwen3_5_moe) and a shared expert scaled by sigmoid of its gate.
+
+GGUF files: llama.cpp's `qwen3next`, `qwen35` and `qwen35moe` architectures. Its converter
+stores norms as 1 + w (used as they are), A as -exp(A_log) (float32), Qwen3-Next's q, k, v, z
+rows already in Qwen3.5's order and, for Qwen3.5 with fewer key than value heads, the value
+heads tiled (v0 of every key head, then v1, ...) rather than grouped: they are put back in
+Hugging Face's grouped order here. Linear-attention layers are those `full_attention_interval`
+does not mark; the `nextn_predict_layers` blocks after the trunk are the MTP head.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +35,7 @@ from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
 from exactdraft.models.gated_deltanet import GatedDeltaNet
 from exactdraft.models.hybrid import Block, HybridModel, Trunk
+from exactdraft.models.llama import gguf_special_tokens
 from exactdraft.models.mixers import (
     TensorReader,
     dense_mlp,
@@ -35,8 +44,10 @@ from exactdraft.models.mixers import (
     norm_vector,
     rotary_frequencies,
 )
-from exactdraft.models.moe import RouterSettings, load_experts, make_moe_block
+from exactdraft.models.moe import GGUFRenamed, Part, RouterSettings, load_experts, make_moe_block
 from exactdraft.models.mtp_head import MTPHead
+from exactdraft.models.qwen3_moe import GGUF_ATTENTION, GGUF_MLP, gguf_head_dim, gguf_reader
+from exactdraft.models.recurrent import F32
 from exactdraft.models.registry import Family
 
 NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
@@ -73,6 +84,7 @@ class HybridQwenConfig:
     expert_size: int = 0
     shared_expert_size: int = 0
     mtp_layers: int = 0
+    norm_shift: float = 1.0  # added to the RMS norm weights (0: the file stores 1 + w)
 
 
 def config_from_hf(raw: Mapping[str, Any], source: str) -> HybridQwenConfig:
@@ -144,8 +156,107 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> HybridQwenConfig:
         sparse_layers=sparse, mtp_layers=reader.int(mtp_key, 0, minimum=0), **settings)
 
 
-def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any], source: str) -> Any:
-    raise ConfigError(f"{source}: Gated DeltaNet GGUF files are not supported yet")
+GGUF_ARCHITECTURES = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text",
+                      "qwen35moe": "qwen3_5_moe_text"}
+
+
+def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
+                     source: str) -> HybridQwenConfig:
+    arch = fields["general.architecture"]
+    reader = gguf_reader(fields, tensors, source, arch)
+    hidden = reader.int("embedding_length")
+    heads = reader.int("attention.head_count")
+    head_dim = gguf_head_dim(reader, hidden, heads)
+    mtp = reader.int("nextn_predict_layers", 0, minimum=0)
+    layers = reader.int("block_count", minimum=mtp + 1) - mtp
+    interval = reader.int("full_attention_interval", 4)
+    rotary = reader.int("rope.dimension_count", head_dim // 4)
+    if rotary > head_dim or rotary % 2:
+        raise reader.fail("rope.dimension_count", f"({rotary}) must be even and at most the "
+                          f"head size {head_dim}")
+    value_heads = reader.int("ssm.time_step_rank")
+    inner = reader.int("ssm.inner_size")
+    if inner % value_heads:
+        raise reader.fail("ssm.inner_size", f"({inner}) is not a multiple of the "
+                          f"{value_heads} value heads")
+    settings: dict[str, Any] = {}
+    if arch != "qwen35":
+        settings = dict(
+            num_experts=reader.int("expert_count"), top_k=reader.int("expert_used_count"),
+            normalize_top_k=reader.bool("expert_weights_norm", True),
+            expert_size=reader.int("expert_feed_forward_length"),
+            shared_expert_size=reader.int("expert_shared_feed_forward_length", 0, minimum=0))
+    return HybridQwenConfig(
+        model_type=GGUF_ARCHITECTURES[arch], source=source,
+        vocab_size=int(tensors.shape("token_embd.weight")[0]), hidden_size=hidden,
+        num_layers=layers, linear_layers=tuple((i + 1) % interval != 0 for i in range(layers)),
+        num_heads=heads, num_kv_heads=reader.int("attention.head_count_kv", heads),
+        head_dim=head_dim, rotary_dim=rotary, rope_theta=reader.float("rope.freq_base", 1e7),
+        rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-6),
+        max_position_embeddings=reader.int("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+        eos_token_ids=gguf_special_tokens(fields, source)["eos_token_ids"],
+        intermediate_size=reader.int("feed_forward_length", 1),
+        conv_kernel=reader.int("ssm.conv_kernel"),
+        linear_key_heads=reader.int("ssm.group_count"), linear_value_heads=value_heads,
+        linear_key_dim=reader.int("ssm.state_size"), linear_value_dim=inner // value_heads,
+        sparse_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(layers)),
+        mtp_layers=mtp, norm_shift=0.0, **settings)
+
+
+def grouped_value_heads(value: Any, c: HybridQwenConfig, size: int, axis: int = 0,
+                        first: int = 0) -> np.ndarray:
+    """Undo llama.cpp's tiled value-head order along `axis` from index `first` on: blocks of
+    `size` stored (value j of every key head, for j = 0, 1, ...) -> (key head, value j)."""
+    array = np.moveaxis(np.asarray(value, dtype=F32), axis, 0)
+    per_key = c.linear_value_heads // c.linear_key_heads
+    heads = array[first:]
+    heads = heads.reshape(per_key, c.linear_key_heads, size, *heads.shape[1:]).swapaxes(0, 1)
+    array = np.concatenate([array[:first], heads.reshape(-1, *array.shape[1:])])
+    return np.ascontiguousarray(np.moveaxis(array, 0, axis))
+
+
+def gguf_tensors(config: HybridQwenConfig, tensors: Mapping[str, Any],
+                 source: str) -> GGUFRenamed:
+    c = config
+    linear = "linear_attn."
+    parts = {
+        **GGUF_ATTENTION, **GGUF_MLP,
+        "post_attention_norm.weight": Part("post_attention_layernorm.weight"),
+        "attn_qkv.weight": Part(linear + "in_proj_qkv.weight"),
+        "attn_gate.weight": Part(linear + "in_proj_z.weight"),
+        "ssm_ba.weight": Part(linear + "in_proj_ba.weight"),
+        "ssm_beta.weight": Part(linear + "in_proj_b.weight"),
+        "ssm_alpha.weight": Part(linear + "in_proj_a.weight"),
+        "ssm_a": Part(linear + "A"),
+        "ssm_dt.bias": Part(linear + "dt_bias"),
+        "ssm_conv1d.weight": Part(linear + "conv1d.weight", shape=lambda s: (s[0], 1, s[1])),
+        "ssm_norm.weight": Part(linear + "norm.weight"),
+        "ssm_out.weight": Part(linear + "out_proj.weight"),
+        **{f"ffn_{kind}_shexp.weight": Part(f"mlp.shared_expert.{kind}_proj.weight")
+           for kind in ("gate", "up", "down")},
+        "ffn_gate_inp_shexp.weight": Part("mlp.shared_expert_gate.weight",
+                                          shape=lambda s: (1, s[-1])),
+    }
+    if c.model_type != "qwen3_next" and c.linear_key_heads != c.linear_value_heads:
+        qk = 2 * c.linear_key_heads * c.linear_key_dim
+        dv = c.linear_value_dim
+        for name, size, axis, first in (
+                ("attn_qkv.weight", dv, 0, qk), ("attn_gate.weight", dv, 0, 0),
+                ("ssm_beta.weight", 1, 0, 0), ("ssm_alpha.weight", 1, 0, 0),
+                ("ssm_a", 1, 0, 0), ("ssm_dt.bias", 1, 0, 0), ("ssm_conv1d.weight", dv, 0, qk),
+                ("ssm_out.weight", dv, 1, 0)):
+            parts[name] = Part(parts[name].name, parts[name].shape, functools.partial(
+                grouped_value_heads, c=c, size=size, axis=axis, first=first))
+    trunk = c.num_layers
+    names = {"token_embd.weight": "model.embed_tokens.weight",
+             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+    for block in range(trunk, trunk + c.mtp_layers):  # each MTP block repeats the head's own
+        for gguf, hf in (("eh_proj", "fc"), ("enorm", "pre_fc_norm_embedding"),
+                         ("hnorm", "pre_fc_norm_hidden"), ("shared_head_norm", "norm")):
+            names[f"blk.{block}.nextn.{gguf}.weight"] = f"mtp.{hf}.weight"
+    return GGUFRenamed(tensors, source, names, parts,
+                       lambda i: f"model.layers.{i}." if i < trunk else f"mtp.layers.{i - trunk}.")
 
 
 def deltanet(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig,
@@ -153,27 +264,32 @@ def deltanet(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig,
     hidden, hk, hv = c.hidden_size, c.linear_key_heads, c.linear_value_heads
     dk, dv = c.linear_key_dim, c.linear_value_dim
     channels = 2 * hk * dk + hv * dv
+    group = hv // hk
     if reader.has(prefix + "in_proj_qkvz.weight"):  # Qwen3-Next: rows grouped by key head
-        group = hv // hk
         qkvz = reader.array(prefix + "in_proj_qkvz.weight", (channels + hv * dv, hidden))
         qkvz = qkvz.reshape(hk, 2 * dk + 2 * group * dv, hidden)
         split = np.cumsum([dk, dk, group * dv])
         q, k, v, z = (part.reshape(-1, hidden) for part in np.split(qkvz, split, axis=1))
+        rows = [q, k, v, z]
+    else:  # Qwen3.5 (and Qwen3-Next's GGUF files)
+        rows = [reader.array(prefix + "in_proj_qkv.weight", (channels, hidden)),
+                reader.array(prefix + "in_proj_z.weight", (hv * dv, hidden))]
+    if reader.has(prefix + "in_proj_ba.weight"):  # Qwen3-Next: b, a grouped by key head
         ba = reader.array(prefix + "in_proj_ba.weight", (2 * hv, hidden)).reshape(hk, 2 * group,
                                                                                  hidden)
-        b, a = ba[:, :group].reshape(hv, hidden), ba[:, group:].reshape(hv, hidden)
-        rows = [q, k, v, z, b, a]
-    else:  # Qwen3.5
-        rows = [reader.array(prefix + "in_proj_qkv.weight", (channels, hidden)),
-                reader.array(prefix + "in_proj_z.weight", (hv * dv, hidden)),
-                reader.array(prefix + "in_proj_b.weight", (hv, hidden)),
-                reader.array(prefix + "in_proj_a.weight", (hv, hidden))]
+        rows += [ba[:, :group].reshape(hv, hidden), ba[:, group:].reshape(hv, hidden)]
+    else:
+        rows += [reader.array(prefix + "in_proj_b.weight", (hv, hidden)),
+                 reader.array(prefix + "in_proj_a.weight", (hv, hidden))]
     conv = reader.array(prefix + "conv1d.weight", (channels, 1, c.conv_kernel))
+    # GGUF files store A = -exp(A_log) (float32) instead of A_log.
+    decay_rate = -reader.array(prefix + "A", (hv,)).astype(np.float64) \
+        if reader.has(prefix + "A") else float64_math.exp(reader.array(prefix + "A_log", (hv,)))
     return GatedDeltaNet(
         in_proj=be.matrix(np.concatenate(rows)),
         out_proj=be.matrix(reader.get(prefix + "out_proj.weight", (hidden, hv * dv))),
         conv_weight=np.ascontiguousarray(conv[:, 0, :].T),
-        decay_rate=float64_math.exp(reader.array(prefix + "A_log", (hv,))),
+        decay_rate=decay_rate,
         dt_bias=reader.array(prefix + "dt_bias", (hv,)).astype(np.float64),
         norm_weight=reader.array(prefix + "norm.weight", (dv,)),
         num_key_heads=hk, num_value_heads=hv, key_dim=dk, value_dim=dv, eps=c.rms_norm_eps,
@@ -205,10 +321,12 @@ def layer_blocks(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig
         mixer = load_attention(be, reader, prefix + "self_attn.", hidden=hidden,
                                heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                                kv_slot=kv_slot, eps=eps, rope=rope, rotary_dim=c.rotary_dim,
-                               qk_norm=True, norm_shift=1.0, gated=True)
-    return [Block(norm_vector(be, reader, prefix + "input_layernorm.weight", hidden, 1.0), mixer),
+                               qk_norm=True, norm_shift=c.norm_shift, gated=True)
+    shift = c.norm_shift
+    return [Block(norm_vector(be, reader, prefix + "input_layernorm.weight", hidden, shift),
+                  mixer),
             Block(norm_vector(be, reader, prefix + "post_attention_layernorm.weight", hidden,
-                              1.0), mlp(be, reader, prefix + "mlp.", c, sparse))]
+                              shift), mlp(be, reader, prefix + "mlp.", c, sparse))]
 
 
 def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
@@ -235,7 +353,7 @@ def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
         eps=c.rms_norm_eps, embedding=embedding,
-        final_norm=norm_vector(be, reader, text + "norm.weight", hidden, 1.0),
+        final_norm=norm_vector(be, reader, text + "norm.weight", hidden, c.norm_shift),
         lm_head=lm_head, blocks=blocks, kv_layers=kv_slot, num_kv_heads=c.num_kv_heads,
         head_dim=c.head_dim, digest=reader.digest,
         mtp=mtp_head(be, TensorReader(tensors, c.source), c, embedding, lm_head, rope, limit))
@@ -250,15 +368,16 @@ def mtp_head(be: Any, reader: TensorReader, c: HybridQwenConfig, embedding: np.n
     count = c.mtp_layers
     while not count and reader.has(f"mtp.layers.{count}.input_layernorm.weight"):
         count += 1
-    hidden = c.hidden_size
+    hidden, shift = c.hidden_size, c.norm_shift
     layers = [layer_blocks(be, reader, f"mtp.layers.{j}.", c, linear=False,
                            sparse=c.num_experts > 0, kv_slot=j, slot=0, rope=rope)
               for j in range(count)]
     return MTPHead(
         backend=be, fc=be.matrix(reader.get("mtp.fc.weight", (hidden, 2 * hidden))),
-        embedding_norm=norm_vector(be, reader, "mtp.pre_fc_norm_embedding.weight", hidden, 1.0),
-        hidden_norm=norm_vector(be, reader, "mtp.pre_fc_norm_hidden.weight", hidden, 1.0),
-        final_norm=norm_vector(be, reader, "mtp.norm.weight", hidden, 1.0), layers=layers,
+        embedding_norm=norm_vector(be, reader, "mtp.pre_fc_norm_embedding.weight", hidden,
+                                   shift),
+        hidden_norm=norm_vector(be, reader, "mtp.pre_fc_norm_hidden.weight", hidden, shift),
+        final_norm=norm_vector(be, reader, "mtp.norm.weight", hidden, shift), layers=layers,
         embedding=embedding, lm_head=lm_head, eps=c.rms_norm_eps, vocab_size=c.vocab_size,
         num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, max_context=max_context)
 
@@ -266,10 +385,10 @@ def mtp_head(be: Any, reader: TensorReader, c: HybridQwenConfig, embedding: np.n
 FAMILY = Family(
     name="qwen3_next",
     model_types=("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
-    gguf_architectures=(),
+    gguf_architectures=tuple(GGUF_ARCHITECTURES),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=lambda config, tensors, source: tensors,
+    gguf_tensors=gguf_tensors,
     build=build,
 )

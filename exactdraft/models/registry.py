@@ -46,13 +46,18 @@ _BUILTIN_MODULES = {
     "gemma3": "exactdraft.models.gemma3",
     "gemma3_text": "exactdraft.models.gemma3",
     "qwen3_moe": "exactdraft.models.qwen3_moe",
+    "qwen3moe": "exactdraft.models.qwen3_moe",
     "mixtral": "exactdraft.models.qwen3_moe",
     "qwen3_next": "exactdraft.models.qwen3_next",
     "qwen3_5": "exactdraft.models.qwen3_next",
     "qwen3_5_text": "exactdraft.models.qwen3_next",
     "qwen3_5_moe": "exactdraft.models.qwen3_next",
     "qwen3_5_moe_text": "exactdraft.models.qwen3_next",
+    "qwen3next": "exactdraft.models.qwen3_next",
+    "qwen35": "exactdraft.models.qwen3_next",
+    "qwen35moe": "exactdraft.models.qwen3_next",
     "nemotron_h": "exactdraft.models.nemotron_h",
+    "nemotron_h_moe": "exactdraft.models.nemotron_h",
 }
 _REGISTERED: list[Family] = []
 

@@ -373,7 +373,7 @@ def test_unsupported_architecture_is_named(tmp_path, write_gguf):
     fields = {"phi3.block_count": 1, "phi3.embedding_length": 32}
     path = write_gguf(str(tmp_path / "phi.gguf"), "phi3", fields,
                       {"token_embd.weight": np.zeros((8, 32), np.float32)})
-    with pytest.raises(ConfigError, match=r"'phi3'.*supported:.*llama, qwen2, qwen3"):
+    with pytest.raises(ConfigError, match=r"'phi3'.*supported:.*llama, .*qwen2, qwen3, .*qwen3moe"):
         load_gguf(path)
 
 

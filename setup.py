@@ -24,6 +24,7 @@ SOURCES = [
     "csrc/cpu/dispatch.c",
     "csrc/cpu/thread_pool.c",
     "csrc/cpu/level_scalar.c",
+    "csrc/cpu/level_scalar_fma.c",
     "csrc/cpu/level_avx2.c",
     "csrc/cpu/level_avx512.c",
     "csrc/cpu/level_avx512vnni.c",

@@ -377,9 +377,13 @@ int main(void)
 {
     const struct kernel_table *levels[8];
     const int count = supported_levels(levels, 8);
+    int checked = 0;
     for (int i = 0; i < count; i++)
-        if (levels[i] != &kernels_scalar) check_level(levels[i]);
+        if (levels[i] != &kernels_scalar) {
+            check_level(levels[i]);
+            checked++;
+        }
     printf("%s (%d levels against scalar)\n", failures ? "CHECKS FAILED" : "all checks passed",
-           count - 1);
+           checked);
     return failures ? 1 : 0;
 }

@@ -23,7 +23,9 @@
 /* The emulated test build runs every level on any x86-64 CPU. */
 static int x86_has(const char *feature)
 {
-    (void)feature;
+    __builtin_cpu_init();
+    /* The scalar level's FMA build runs real FMA instructions, emulated build or not. */
+    if (!strcmp(feature, "fma")) return __builtin_cpu_supports("fma");
     return 1;
 }
 #elif defined(HAVE_X86_LEVELS)
@@ -36,6 +38,7 @@ static int x86_has(const char *feature)
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (!strcmp(feature, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!strcmp(feature, "fma")) return __builtin_cpu_supports("fma");
     return 0;
 }
 #endif
@@ -50,6 +53,13 @@ int supported_levels(const struct kernel_table **out, int capacity)
 #endif
 #if defined(HAVE_NEON_LEVEL)
     if (count < capacity) out[count++] = &kernels_neon;
+#endif
+#if defined(HAVE_SCALAR_FMA_LEVEL)
+    /* The same bits as kernels_scalar, faster where the CPU fuses multiply-adds itself. */
+    if (count < capacity && x86_has("fma")) {
+        out[count++] = &kernels_scalar_fma;
+        return count;
+    }
 #endif
     if (count < capacity) out[count++] = &kernels_scalar;
     return count;

@@ -128,6 +128,11 @@ extern const struct kernel_table kernels_scalar;
 extern const struct kernel_table kernels_avx2;
 extern const struct kernel_table kernels_avx512;
 extern const struct kernel_table kernels_avx512vnni;
+#if defined(__GNUC__) && !defined(__clang__)
+/* The scalar level built with FMA instructions (level_scalar_fma.c), for CPUs that have them. */
+#define HAVE_SCALAR_FMA_LEVEL 1
+extern const struct kernel_table kernels_scalar_fma;
+#endif
 #endif
 #if defined(__aarch64__)
 #define HAVE_NEON_LEVEL 1

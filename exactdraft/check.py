@@ -146,7 +146,8 @@ def _logits_gap(generator: Generator, prompt: PromptInput, max_new_tokens: int,
     for drafts in (True, False):
         recorder = _RecordingTarget(generator.target)
         probe = Generator(recorder, generator.drafter, generator.verifier, generator.sampler,
-                          generator.tokenizer, guard=False, sampling=generator.sampling,
+                          generator.tokenizer, guard=False, adaptive_depth=False,
+                          sampling=generator.sampling,
                           stop_tokens=generator.stop_tokens, progress=False)
         probe.generate(prompt, max_new_tokens, params, stop=stop, drafts=drafts)
         rows.append(recorder.rows.get(position - 1))
@@ -165,11 +166,12 @@ def check_exactness(generator: Generator, prompts: Sequence[PromptInput],
         raise ParameterError("check_exactness needs a Generator with a drafter")
     report = CheckReport(drafting_note=generator.drafting_note)
     if generator.drafting_note is not None:
-        # Measure what drafting would do anyway: the point of a check is to see it.
+        # Measure what drafting would do anyway: the point of a check is to see it. At full
+        # depth: adaptive depth may judge a slow backend's passes too dear to draft at all.
         generator = Generator(generator.target, generator.drafter, generator.verifier,
                               generator.sampler, generator.tokenizer, guard=False,
-                              sampling=generator.sampling, stop_tokens=generator.stop_tokens,
-                              progress=progress)
+                              adaptive_depth=False, sampling=generator.sampling,
+                              stop_tokens=generator.stop_tokens, progress=progress)
     total = len(prompts) * len(seeds) * len(settings)
     with Progress("check", progress) as shown:
         for prompt_index, prompt in enumerate(prompts):

@@ -103,7 +103,10 @@ EMULATOR = SHADERS + ".emu"  # a data-only folder, listed so setuptools knows it
 setup(
     packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS, EMULATOR],
     package_dir={SHADERS: "csrc/metal", EMULATOR: "csrc/metal/emu"},
-    package_data={SHADERS: ["*.metal", "SUBSET.md"], EMULATOR: ["*.h", "*.cpp"]},
+    package_data={SHADERS: ["*.metal", "SUBSET.md"], EMULATOR: ["*.h", "*.cpp"],
+                  # The draft-head training prompts and the bundled draft heads.
+                  "exactdraft": ["data/*.txt", "data/heads/*/*.json",
+                                 "data/heads/*/*.safetensors", "data/heads/*/*.md"]},
     ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS),
                  Extension("exactdraft._sampler", sources=SAMPLER_SOURCES,
                            depends=SAMPLER_HEADERS)],

@@ -8,6 +8,7 @@
 from exactdraft.drafters import (
     DraftContext,
     Drafter,
+    DraftHead,
     DraftModel,
     DraftTree,
     MTPDrafter,
@@ -38,6 +39,7 @@ __all__ = [
     "Chunk",
     "ConfigError",
     "DraftContext",
+    "DraftHead",
     "DraftModel",
     "DraftTree",
     "Drafter",

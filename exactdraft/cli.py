@@ -1,5 +1,5 @@
-"""The `exactdraft` command: generate text, check drafted output against serial output, and
-serve a model over HTTP (OpenAI and Anthropic APIs).
+"""The `exactdraft` command: generate text, check drafted output against serial output, serve
+a model over HTTP (OpenAI and Anthropic APIs), and train a draft head (train-drafter).
 
 Invariant: every failure the user can cause (a missing model, a bad argument, an unsupported
 checkpoint) ends the command with a one-line message and a non-zero exit status, never a
@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-file", default=None,
                        help="a safetensors file to start the prefix cache from and save it to "
                             "on shutdown (default: none)")
+    from exactdraft.training.command import add_arguments
+
+    add_arguments(commands.add_parser("train-drafter", help="train a draft head (DraftHead) "
+                                      "for a model on text it writes itself (needs torch)"))
     return parser
 
 
@@ -145,6 +149,11 @@ def validate(args: argparse.Namespace) -> None:
     import exactdraft as xd
     from exactdraft.errors import ParameterError
 
+    if args.command == "train-drafter":
+        from exactdraft.training.command import settings_from
+
+        settings_from(args)  # raises naming the bad setting
+        return
     xd.SamplingParams(**_explicit_sampling(args))  # raises naming the bad setting
     if args.command == "serve":
         validate_serve(args)
@@ -356,6 +365,12 @@ def run_check(args: argparse.Namespace) -> int:
     return 1
 
 
+def run_train(args: argparse.Namespace) -> int:
+    from exactdraft.training.command import run
+
+    return run(args)
+
+
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's last flush finds no closed pipe."""
     try:
@@ -371,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         validate(args)
-        run = {"generate": run_generate, "check": run_check, "serve": run_serve}[args.command]
+        run = {"generate": run_generate, "check": run_check, "serve": run_serve,
+               "train-drafter": run_train}[args.command]
         status = run(args)
         sys.stdout.flush()  # here, where a reader that went away can still be caught
         return status

@@ -7,6 +7,13 @@ the target's keyed sample from its own row (drafts are kept only when the verifi
 equal to it), and every stop condition (stop token, stop string, max_new_tokens, context) is
 checked token by token on committed tokens, so a run stops at the very token where the serial
 run stops. Logprobs are computed from the same rows and histories as the tokens.
+
+Features: when the drafter declares `wants_features` (DraftHead), `wants_features` is true
+and the pass should also return the final hidden rows it appended (target.forward(...,
+features=True)); `advance(logits, features)` then hands the drafter, through
+`drafter.observe(rows, start)`, the rows of the positions the state keeps (the prompt's once
+the drafter has begun, then each pass's committed positions). They feed the drafter only: a
+pass run without them (the engine's) just leaves such a drafter with nothing to draft from.
 """
 
 from __future__ import annotations
@@ -164,6 +171,7 @@ class Decoding:
         self.tree: DraftTree | None = None  # the drafts' tree, when they are one
         self.parents: list[int] | None = None  # each planned row's parent row, for a tree
         self.finished = False
+        self._prompt_features: list[np.ndarray] = []  # until the drafter begins
         # Timings cover this sequence's passes only, not the time a consumer holds a chunk.
         self._clock = self._started = 0.0
 
@@ -174,6 +182,13 @@ class Decoding:
     @property
     def rows(self) -> str:
         return "all" if self.drafts else "last"
+
+    @property
+    def wants_features(self) -> bool:
+        """Whether the next pass should return its features for the drafter (the drafter
+        wants them and the target declares `returns_features`)."""
+        return self.drafter is not None and self.drafter.wants_features and \
+            getattr(self.target, "returns_features", False) is True
 
     def plan(self, max_tokens: int | None = None, drafts: bool = True,
              trees: bool = False) -> list[int]:
@@ -211,14 +226,20 @@ class Decoding:
             self.planned = [sequence[-1], *self.drafts]
         return self.planned
 
-    def advance(self, logits: np.ndarray | None) -> Chunk | None:
+    def advance(self, logits: np.ndarray | None,
+                features: np.ndarray | None = None) -> Chunk | None:
         """Decide and commit what the planned pass holds; `logits` are its rows (every row
-        when `rows` was "all", else the last one)."""
+        when `rows` was "all", else the last one), `features` (optional) the final hidden
+        rows of every token it appended, for a drafter that wants them."""
         run, stats = self.run, self.run.stats
         n_prompt = len(run.prompt_ids)
         if run.max_new_tokens == 0:
             return self._finish([], "length")
+        if not self.wants_features:
+            features = None
         if self.prefilling:
+            if features is not None:
+                self._prompt_features.append(features)
             self.cursor += len(self.planned)
             stats.prefill_passes += 1
             if self.prefilling:
@@ -229,10 +250,14 @@ class Decoding:
             if self.drafter is not None:
                 self.drafter.begin(tuple(run.prompt_ids),
                                    DraftContext(run.params, self.sampler, n_prompt))
+                if self._prompt_features:
+                    start = self.cursor - sum(len(rows) for rows in self._prompt_features)
+                    self.drafter.observe(np.concatenate(self._prompt_features), start)
+                self._prompt_features = []
             return self._commit([first], logits[-1:])
         drafts = self.drafts
         if self.tree is not None:
-            return self._advance_tree(logits)
+            return self._advance_tree(logits, features)
         verdict = self.verifier.verify(
             ComputedPass(self.target, self.planned, logits, all_rows=bool(drafts)), self.state,
             drafts, sampler=self.sampler, params=run.params, history=self.sequence,
@@ -244,10 +269,12 @@ class Decoding:
             self.drafter.accepted(len(drafts), verdict.accepted)
         if self.policy is not None:
             self.policy.record(len(drafts), verdict.accepted)
+        if features is not None:  # the positions the state keeps: the last token, kept drafts
+            self.drafter.observe(features[:verdict.accepted + 1], len(self.sequence) - 1)
         stats.decode_seconds += time.perf_counter() - self._clock
         return self._commit([*drafts[:verdict.accepted], verdict.token], logits)
 
-    def _advance_tree(self, logits: np.ndarray) -> Chunk:
+    def _advance_tree(self, logits: np.ndarray, features: np.ndarray | None) -> Chunk:
         """Walk the tree's rows for the deepest path of the target's own samples, and keep
         that path in the state (tree_verify says why this writes the serial tokens)."""
         run, stats, tree = self.run, self.run.stats, self.tree
@@ -261,6 +288,8 @@ class Decoding:
         self.drafter.accepted(len(tree), verdict.accepted)
         if self.policy is not None:
             self.policy.record(len(tree), verdict.accepted)
+        if features is not None:
+            self.drafter.observe(features[path], len(self.sequence) - 1)
         stats.decode_seconds += time.perf_counter() - self._clock
         return self._commit([*verdict.kept, verdict.token], logits[path])
 

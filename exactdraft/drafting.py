@@ -70,6 +70,9 @@ class CheckedDrafter:
         self.faults = DrafterFaults(drafter=describe(drafter))
         self.working = True  # False after `begin` raised: no drafts for this generation
         self.max_draft = max_draft  # the guard proved windows up to max_draft + 1 rows
+        # A drafter that reads the target's features (DraftHead) says so; it then gets the
+        # final hidden rows of the committed positions through `observe`.
+        self.wants_features = getattr(drafter, "wants_features", False) is True
 
     def begin(self, prompt: Sequence[int], context: DraftContext) -> None:
         try:
@@ -155,3 +158,13 @@ class CheckedDrafter:
             self.drafter.accepted(proposed, accepted)
         except Exception as error:
             self.faults.add(RAISED, f"accepted() raised {type(error).__name__}: {error}")
+
+    def observe(self, features: Any, start: int) -> None:
+        """Hand a drafter that wants them the target's features of committed positions
+        start, start + 1, ... (one row each)."""
+        if not self.working or not self.wants_features:
+            return
+        try:
+            self.drafter.observe(features, start)
+        except Exception as error:
+            self.faults.add(RAISED, f"observe() raised {type(error).__name__}: {error}")

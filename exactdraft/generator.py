@@ -314,15 +314,22 @@ class Generator:
     def _chunks(self, run: Run, stream_text: bool) -> Iterator[Chunk]:
         """One sequence, one pass at a time; each step runs under the lock."""
         decoding = Decoding(self, run, stream_text)
+        # A drafter that reads the target's features gets them with every pass's logits.
+        extra = {"features": True} if decoding.wants_features else {}
         while not decoding.finished:
             with self.lock:
                 tokens = decoding.plan(trees=self.trees)
+                features = None
                 if decoding.parents is not None:
-                    logits = self.target.forward_tree(decoding.state, tokens, decoding.parents)
+                    logits = self.target.forward_tree(decoding.state, tokens, decoding.parents,
+                                                      **extra)
                 elif tokens:
-                    logits = self.target.forward(decoding.state, tokens, rows=decoding.rows)
+                    logits = self.target.forward(decoding.state, tokens, rows=decoding.rows,
+                                                 **extra)
                 else:
                     logits = None
-                chunk = decoding.advance(logits)
+                if extra and logits is not None:
+                    logits, features = logits
+                chunk = decoding.advance(logits, features)
             if chunk is not None:
                 yield chunk

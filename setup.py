@@ -99,14 +99,15 @@ class OptionalBuildExt(build_ext):
 # exactdraft.kernels.metal looks for them when csrc/ is not beside it.
 SHADERS = "exactdraft.kernels.metal_shaders"
 EMULATOR = SHADERS + ".emu"  # a data-only folder, listed so setuptools knows it ships
+# The draft-head training prompts and the bundled draft heads: data-only folders too.
+DATA = {"exactdraft.data": ["*.txt"], "exactdraft.data.heads": [],
+        "exactdraft.data.heads.smollm2": ["*.json", "*.safetensors", "*.md"]}
 
 setup(
-    packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS, EMULATOR],
+    packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS, EMULATOR,
+                                                                      *DATA],
     package_dir={SHADERS: "csrc/metal", EMULATOR: "csrc/metal/emu"},
-    package_data={SHADERS: ["*.metal", "SUBSET.md"], EMULATOR: ["*.h", "*.cpp"],
-                  # The draft-head training prompts and the bundled draft heads.
-                  "exactdraft": ["data/*.txt", "data/heads/*/*.json",
-                                 "data/heads/*/*.safetensors", "data/heads/*/*.md"]},
+    package_data={SHADERS: ["*.metal", "SUBSET.md"], EMULATOR: ["*.h", "*.cpp"], **DATA},
     ext_modules=[Extension("exactdraft._cpu_kernels", sources=SOURCES, depends=HEADERS),
                  Extension("exactdraft._sampler", sources=SAMPLER_SOURCES,
                            depends=SAMPLER_HEADERS)],

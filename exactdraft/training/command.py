@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder, .gguf file or hub id (default: the bundled SmolLM2)")
     parser.add_argument("--out", required=True,
                         help="folder for the head (config.json, head.safetensors), its corpus "
-                             "and its checkpoints; an interrupted run there resumes")
+                             "and its checkpoints; an interrupted run there resumes (required)")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed,
                         help=f"seed of the corpus, the initial weights and the order "
                              f"(default: {DEFAULTS.seed})")
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads; the same count gives the same bytes (default: "
                              "torch's)")
     parser.add_argument("--backend", default="auto", help="the target's backend (default: auto)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default: off)")
 
 
 def settings_from(args: argparse.Namespace) -> TrainingSettings:

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads; the same count gives the same bytes (default: "
                              "torch's)")
     parser.add_argument("--backend", default="auto", help="the target's backend (default: auto)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default: off)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (default: off)")
 
 
 def settings_from(args: argparse.Namespace) -> TrainingSettings:

@@ -330,3 +330,49 @@ def test_negative_control_summation_order_changes_the_top_p_sum():
     for term in terms.tolist():
         by_id += term
     assert in_order != by_id
+
+
+def scan_draws(x, params, pos):
+    """The plain draw's token with the SIMD scan of the row (where the CPU has one) and with
+    the scalar scan."""
+    draw = native_module().draw
+    return [draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
+                 params.seed or 0, pos & MASK, 0, scalar) for scalar in (0, 1)]
+
+
+@pytest.mark.parametrize("settings_", [dict(temperature=0.7), dict(temperature=1.5),
+                                       dict(temperature=1.0, min_p=0.05),
+                                       dict(temperature=4.0)])
+def test_simd_and_scalar_scans_give_the_same_token(settings_):
+    """The plain draw (no top-k, no top-p) scans the row with SIMD where it can; the scalar
+    scan and the numpy path give the same token at every position, and the tokens do vary
+    with the position (negative control: the comparison can see a difference)."""
+    params = SamplingParams(seed=77, **settings_)
+    x = processed(realistic_row(5), params)
+    tokens = []
+    for pos in range(0, 400, 7):
+        simd, scalar = scan_draws(x, params, pos)
+        assert simd == scalar == numpy_draw(x, params, pos)
+        tokens.append(simd)
+    assert len(set(tokens)) > 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_uniform_of_one_in_a_long_row_fails_only_when_kept(kept):
+    """A token whose uniform rounds to 1.0, deep in a full row (inside the SIMD scan): the draw
+    fails naming it when the token is kept, and is the numpy path's token when it is not."""
+    token = 4097
+    seed = seed_with_unit_uniform(token)
+    row = realistic_row(6)
+    row[token] = row.max() if kept else row.min() - 100.0
+    params = SamplingParams(temperature=1.0, seed=seed)
+    x = processed(row, params)
+    for scalar in (0, 1):
+        draw = native_module().draw
+        arguments = (x, 1.0, 0, 1.0, 0.0, seed, 0, 0, scalar)
+        if kept:
+            with pytest.raises(ValueError, match=f"token {token} rounds to 1.0"):
+                draw(*arguments)
+        else:
+            assert draw(*arguments) == numpy_draw(x, params, 0)

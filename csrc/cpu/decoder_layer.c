@@ -69,7 +69,12 @@ int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float 
     const size_t m = (size_t)rows;
     const size_t floats = m * (size_t)(2 * width + qkv_width + 2 * q_size + kv_size + 3 * inner);
     char *scratch = malloc(floats * sizeof(float) + m * sizeof(int64_t));
-    if (!scratch) return -1;
+    struct attention_problem *problems = malloc(sizeof *problems * (size_t)count);
+    if (!scratch || !problems) {
+        free(scratch);
+        free(problems);
+        return -1;
+    }
     int64_t *positions = (int64_t *)scratch;
     float *normed = (float *)(positions + m), *projected = normed + m * width;
     float *qkv = projected + m * width, *q = qkv + m * qkv_width, *k = q + m * q_size;
@@ -104,15 +109,15 @@ int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float 
                 memcpy(sequence->values + slot, v + h * dim, (size_t)dim * sizeof(float));
             }
         }
-        struct attention_problem attention = {
+        problems[i] = (struct attention_problem){
             .q = q + first * q_size, .keys = sequence->keys, .values = sequence->values,
             .positions = positions + first, .out = attended + first * q_size,
             .rows = sequence->rows, .heads = plan->heads, .kv_heads = plan->kv_heads,
             .capacity = sequence->capacity, .head_dim = dim, .window = plan->window,
             .scale = plan->scale, .tree_paths = sequence->depths ? sequence->tree_paths : NULL,
             .tree_base = sequence->start};
-        run_attention(&attention);
     }
+    failed |= run_attention_batch(problems, count);
     failed |= linear(&plan->output, attended, rows, projected);
     if (plan->post_attention_norm)
         rms_norm(projected, rows, width, plan->post_attention_norm, plan->eps, projected);
@@ -128,5 +133,6 @@ int run_decoder_layer(const struct layer_plan *plan, const float *hidden, float 
         rms_norm(projected, rows, width, plan->post_mlp_norm, plan->eps, projected);
     add(out, projected, out, m * (size_t)width);
     free(scratch);
+    free(problems);
     return failed ? -1 : 0;
 }

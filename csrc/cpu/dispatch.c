@@ -220,31 +220,51 @@ int run_matmul(const struct matmul_problem *p)
 
 /* ---- attention ---- */
 
+/* The (row, KV head) items of several problems (the sequences of one pass) in one dispatch:
+ * item i of the batch is item i - first[j] of problem j, first[j] counting the items before it. */
 struct attention_job {
-    const struct attention_problem *problem;
+    const struct attention_problem *problems;
+    const ptrdiff_t *first; /* [count + 1] */
+    int count;
     const struct kernel_table *kernels;
 };
 
 static void attention_item(void *context, ptrdiff_t item)
 {
     const struct attention_job *job = context;
-    job->kernels->attention_groups(job->problem, item, item + 1);
+    int j = 0;
+    while (item >= job->first[j + 1]) j++;
+    const ptrdiff_t local = item - job->first[j];
+    job->kernels->attention_groups(&job->problems[j], local, local + 1);
 }
 
-void run_attention(const struct attention_problem *p)
+int run_attention_batch(const struct attention_problem *problems, int count)
 {
     const struct kernel_table *kernels = active_level();
+    ptrdiff_t first_items[9], *first = count < 9 ? first_items : malloc(sizeof(ptrdiff_t) *
+                                                                        (size_t)(count + 1));
+    if (!first) return -1;
     double work = 0;
-    for (ptrdiff_t m = 0; m < p->rows; m++) work += (double)(p->positions[m] + 1);
-    work *= (double)p->heads * (double)p->head_dim;
-    ptrdiff_t items = p->rows * p->kv_heads;
-    if (work < ATTENTION_PARALLEL_MIN_MACS || items < 2) {
-        kernels->attention_groups(p, 0, items);
-        return;
+    first[0] = 0;
+    for (int j = 0; j < count; j++) {
+        const struct attention_problem *p = &problems[j];
+        double keys = 0;
+        for (ptrdiff_t m = 0; m < p->rows; m++) keys += (double)(p->positions[m] + 1);
+        work += keys * (double)p->heads * (double)p->head_dim;
+        first[j + 1] = first[j] + p->rows * p->kv_heads;
     }
-    struct attention_job job = {p, kernels};
-    pool_run(attention_item, &job, items);
+    if (work < ATTENTION_PARALLEL_MIN_MACS || first[count] < 2) {
+        for (int j = 0; j < count; j++)
+            kernels->attention_groups(&problems[j], 0, problems[j].rows * problems[j].kv_heads);
+    } else {
+        struct attention_job job = {problems, first, count, kernels};
+        pool_run(attention_item, &job, first[count]);
+    }
+    if (first != first_items) free(first);
+    return 0;
 }
+
+void run_attention(const struct attention_problem *p) { run_attention_batch(p, 1); }
 
 /* ---- row-wise ops ---- */
 

@@ -26,6 +26,8 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
 /* Quantize activation rows as the dot layout's matmul does (exposed for tests). */
 void run_quantize_rows(const struct quantize_problem *p);
 void run_attention(const struct attention_problem *p);
+/* The problems of one pass's sequences in one dispatch (-1 when out of memory). */
+int run_attention_batch(const struct attention_problem *problems, int count);
 void run_rms_norm(const struct rows_problem *p);
 void run_rope(const struct rows_problem *p);
 void run_silu_mul(const struct rows_problem *p);

@@ -343,6 +343,8 @@ static PyMethodDef methods[] = {
      "a decoder layer's weights and sizes, checked once, for decoder_layer"},
     {"decoder_layer", (PyCFunction)(void (*)(void))py_decoder_layer, METH_FASTCALL,
      "one decoder layer for M rows"},
+    {"decoder_layers", (PyCFunction)(void (*)(void))py_decoder_layers, METH_FASTCALL,
+     "a stack of decoder layers for M rows, in one call"},
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_FASTCALL,
      "causal grouped-query attention over a KV buffer"},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "RMS norm of rows"},

@@ -128,6 +128,58 @@ PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 #define MAX_SEQUENCES 256
+#define MAX_LAYERS 512
+
+/* One sequence entry (keys, values, capacity, start, rows, depths, tree_paths) into *out, with
+ * keys and values taken from `keys` and `values` (pointers); 0 or -1 with an error set. */
+static int take_sequence(PyObject *const *item, void *keys, void *values,
+                         struct layer_sequence *out)
+{
+    void *depths, *tree_paths;
+    Py_ssize_t capacity, start, part;
+    if (take_size(item[2], "capacity", 1, &capacity) || take_size(item[3], "start", 0, &start) ||
+        take_size(item[4], "rows", 1, &part) || take_pointer(item[5], "depths", 1, &depths) ||
+        take_pointer(item[6], "tree_paths", 1, &tree_paths))
+        return -1;
+    if (!depths != !tree_paths) {
+        PyErr_SetString(PyExc_ValueError, "depths and tree_paths go together");
+        return -1;
+    }
+    if (depths && check_tree(depths, tree_paths, part)) return -1;
+    if (start + part > capacity) {
+        PyErr_Format(PyExc_ValueError, "positions %zd..%zd do not fit a KV buffer of %zd",
+                     start, start + part - 1, capacity);
+        return -1;
+    }
+    *out = (struct layer_sequence){keys, values, capacity, start, part, depths, tree_paths};
+    return 0;
+}
+
+/* The entries of `list` (a tuple of 1 to MAX_SEQUENCES 7-tuples), their count, or -1. */
+static int sequence_entries(PyObject *list)
+{
+    if (!PyTuple_Check(list) || PyTuple_GET_SIZE(list) < 1 ||
+        PyTuple_GET_SIZE(list) > MAX_SEQUENCES) {
+        PyErr_Format(PyExc_TypeError, "sequences must be a tuple of 1 to %d entries",
+                     MAX_SEQUENCES);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(list); i++) {
+        PyObject *entry = PyTuple_GET_ITEM(list, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 7) {
+            PyErr_SetString(PyExc_TypeError, "a sequence is (keys, values, capacity, start, rows, "
+                                             "depths, tree_paths)");
+            return -1;
+        }
+    }
+    return (int)PyTuple_GET_SIZE(list);
+}
+
+static double layer_work(const struct layer_plan *plan, Py_ssize_t rows)
+{
+    return (double)rows * (double)(plan->qkv.columns + plan->gate_up.columns) *
+           (double)plan->hidden_size;
+}
 
 /* decoder_layer(plan, hidden, out, sequences, cos, sin): sequences is a tuple of (keys, values,
  * capacity, start, rows, depths, tree_paths) per sequence, in the order their rows sit in
@@ -142,49 +194,105 @@ PyObject *py_decoder_layer(PyObject *self, PyObject *const *args, Py_ssize_t nar
         take_pointer(args[2], "out", 0, &out) || take_pointer(args[4], "cos", 0, &cos) ||
         take_pointer(args[5], "sin", 0, &sin))
         return NULL;
-    PyObject *list = args[3];
-    if (!PyTuple_Check(list) || PyTuple_GET_SIZE(list) < 1 ||
-        PyTuple_GET_SIZE(list) > MAX_SEQUENCES) {
-        PyErr_Format(PyExc_TypeError, "sequences must be a tuple of 1 to %d entries",
-                     MAX_SEQUENCES);
-        return NULL;
-    }
+    const int count = sequence_entries(args[3]);
+    if (count < 0) return NULL;
     struct layer_sequence sequences[MAX_SEQUENCES];
-    const int count = (int)PyTuple_GET_SIZE(list);
     Py_ssize_t rows = 0;
     for (int i = 0; i < count; i++) {
-        PyObject *entry = PyTuple_GET_ITEM(list, i);
-        void *keys, *values, *depths, *tree_paths;
-        Py_ssize_t capacity, start, part;
-        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 7) {
-            PyErr_SetString(PyExc_TypeError, "a sequence is (keys, values, capacity, start, rows, "
-                                             "depths, tree_paths)");
+        PyObject *const *item = &PyTuple_GET_ITEM(PyTuple_GET_ITEM(args[3], i), 0);
+        void *keys, *values;
+        if (take_pointer(item[0], "keys", 0, &keys) ||
+            take_pointer(item[1], "values", 0, &values) ||
+            take_sequence(item, keys, values, &sequences[i]))
             return NULL;
-        }
-        PyObject *const *item = &PyTuple_GET_ITEM(entry, 0);
-        if (take_pointer(item[0], "keys", 0, &keys) || take_pointer(item[1], "values", 0, &values) ||
-            take_size(item[2], "capacity", 1, &capacity) || take_size(item[3], "start", 0, &start) ||
-            take_size(item[4], "rows", 1, &part) || take_pointer(item[5], "depths", 1, &depths) ||
-            take_pointer(item[6], "tree_paths", 1, &tree_paths))
-            return NULL;
-        if (!depths != !tree_paths) {
-            PyErr_SetString(PyExc_ValueError, "depths and tree_paths go together");
-            return NULL;
-        }
-        if (depths && check_tree(depths, tree_paths, part)) return NULL;
-        if (start + part > capacity) {
-            PyErr_Format(PyExc_ValueError, "positions %zd..%zd do not fit a KV buffer of %zd",
-                         start, start + part - 1, capacity);
-            return NULL;
-        }
-        sequences[i] = (struct layer_sequence){keys, values, capacity, start, part, depths,
-                                               tree_paths};
-        rows += part;
+        rows += sequences[i].rows;
     }
-    double work = (double)rows * (double)(plan->qkv.columns + plan->gate_up.columns) *
-                  (double)plan->hidden_size;
     int status;
-    RUN(work, status = run_decoder_layer(plan, hidden, out, sequences, count, cos, sin));
+    RUN(layer_work(plan, rows), status = run_decoder_layer(plan, hidden, out, sequences, count,
+                                                           cos, sin));
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* Pointer `index` of a tuple of pointers named `name`, into *out; 0 or -1 with an error. */
+static int take_pointer_at(PyObject *tuple, Py_ssize_t index, Py_ssize_t expected,
+                           const char *name, void **out)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != expected) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple of %zd pointers", name, expected);
+        return -1;
+    }
+    return take_pointer(PyTuple_GET_ITEM(tuple, index), name, 0, out);
+}
+
+/* decoder_layers(plans, hidden, out, sequences, cos, sin): every layer of a stack in one call,
+ * layer i exactly as decoder_layer(plans[i], ...) with the output of layer i - 1 as its input.
+ * plans, cos and sin are tuples of one entry per layer; a sequence is decoder_layer's entry
+ * with keys and values tuples of one buffer per layer. hidden is read only; out gets the last
+ * layer's output. */
+PyObject *py_decoder_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *hidden, *out;
+    if (expect_arguments(nargs, 6, "decoder_layers") ||
+        take_pointer(args[1], "hidden", 0, &hidden) || take_pointer(args[2], "out", 0, &out))
+        return NULL;
+    PyObject *plans = args[0];
+    if (!PyTuple_Check(plans) || PyTuple_GET_SIZE(plans) < 1 ||
+        PyTuple_GET_SIZE(plans) > MAX_LAYERS) {
+        PyErr_Format(PyExc_TypeError, "plans must be a tuple of 1 to %d layer plans", MAX_LAYERS);
+        return NULL;
+    }
+    const Py_ssize_t layers = PyTuple_GET_SIZE(plans);
+    const int count = sequence_entries(args[3]);
+    if (count < 0) return NULL;
+    const struct layer_plan *plan_of[MAX_LAYERS];
+    void *cos[MAX_LAYERS], *sin[MAX_LAYERS];
+    for (Py_ssize_t l = 0; l < layers; l++) {
+        plan_of[l] = PyCapsule_GetPointer(PyTuple_GET_ITEM(plans, l), PLAN_CAPSULE);
+        if (!plan_of[l] || take_pointer_at(args[4], l, layers, "cos", &cos[l]) ||
+            take_pointer_at(args[5], l, layers, "sin", &sin[l]))
+            return NULL;
+        if (plan_of[l]->hidden_size != plan_of[0]->hidden_size) {
+            PyErr_Format(PyExc_ValueError, "layer %zd has hidden size %zd, layer 0 %zd", l,
+                         plan_of[l]->hidden_size, plan_of[0]->hidden_size);
+            return NULL;
+        }
+    }
+    struct layer_sequence *sequences = malloc(sizeof *sequences * (size_t)(layers * count));
+    if (!sequences) return PyErr_NoMemory();
+    Py_ssize_t rows = 0;
+    for (int i = 0; i < count; i++) {
+        PyObject *const *item = &PyTuple_GET_ITEM(PyTuple_GET_ITEM(args[3], i), 0);
+        for (Py_ssize_t l = 0; l < layers; l++) {
+            void *keys, *values;
+            if (take_pointer_at(item[0], l, layers, "keys", &keys) ||
+                take_pointer_at(item[1], l, layers, "values", &values) ||
+                take_sequence(item, keys, values, &sequences[l * count + i])) {
+                free(sequences);
+                return NULL;
+            }
+        }
+        rows += sequences[i].rows;
+    }
+    const size_t bytes = (size_t)rows * (size_t)plan_of[0]->hidden_size * sizeof(float);
+    float *spare = malloc(bytes);
+    if (!spare) {
+        free(sequences);
+        return PyErr_NoMemory();
+    }
+    double work = 0;
+    for (Py_ssize_t l = 0; l < layers; l++) work += layer_work(plan_of[l], rows);
+    int status = 0;
+    /* Layers alternate between out and spare so that the last one writes out. */
+    RUN(work, for (Py_ssize_t l = 0; l < layers && !status; l++) {
+        const float *source = l == 0 ? hidden : ((layers - l) % 2 ? spare : out);
+        float *destination = (layers - 1 - l) % 2 ? spare : out;
+        status = run_decoder_layer(plan_of[l], source, destination, &sequences[l * count],
+                                   count, cos[l], sin[l]);
+    });
+    free(spare);
+    free(sequences);
     if (status) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

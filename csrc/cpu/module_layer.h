@@ -10,5 +10,6 @@
 
 PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_decoder_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_decoder_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

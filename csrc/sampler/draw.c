@@ -24,6 +24,9 @@
  * - top-p sums only what can move the cut (top_p.c);
  * - which tokens pass a bound on s = x / T is decided by x * fl(1 / T) where that is provably
  *   the same answer, by the division otherwise (scaled_at_least), and scores use the division;
+ * - the plain draw (no top-k, no top-p) hashes the whole row in one branch-free scan, with AVX2
+ *   where the CPU has it, and hands consider() only the tokens the cap test below lets through
+ *   (open_candidates); the SIMD scan's caps are never below the scalar ones;
  * - noise is computed only for a candidate that could still reach the best score so far:
  *   u <= (k + 1) * 2**-53 for k = key >> 11, so g <= -log(1 - u) <= (53 - floor(log2(2**53 -
  *   1 - k))) * ln 2, and a candidate whose s plus that cap plus a rounding slack is below the
@@ -133,6 +136,127 @@ static inline double rough_scaled(const struct scaling *z, double x)
 static double margin_of(const struct scaling *z, double bound)
 {
     return z->approximate ? 4.0 * DBL_EPSILON * (fabs(bound) + 1.0) : 0.0;
+}
+
+/* The candidates of the plain draw (no top-k or top-p: those with x / T >= lower) in one pass
+ * without branches on the data, for consider() to decide: every token whose rough score (the
+ * product, or the quotient when exact) clears lower less its margin is hashed, and goes to
+ * hopeful[0..*open) unless the cap test against the best score so far (a lower bound of every
+ * later one) proves it cannot win; consider() then checks x / T >= lower exactly. Returns 1
+ * when a token that may be kept has a uniform of 1.0: the caller then redoes the draw one
+ * candidate at a time, to fail exactly where the definition does. */
+static int open_scalar(const struct contest *c, const struct draw_request *r,
+                       const struct scaling *z, double loose, size_t from, uint32_t *hopeful,
+                       size_t *open)
+{
+    const double *x = r->x, best = c->best_score, slack = c->slack;
+    uint64_t unit = 0;
+    size_t n = *open;
+    for (size_t i = from; i < r->vocab; i++) {
+        const double rough = rough_scaled(z, x[i]);
+        const uint64_t k = mix(c->position_key ^ (uint64_t)i) >> 11;
+        const int near = rough >= loose;
+        unit |= (uint64_t)(near & (k == LAST_UNIFORM_INDEX));
+        /* k = 2**53 - 1 takes the cap of 1 (bit 0); the flag above sends it to the slow path. */
+        const uint64_t distance = LAST_UNIFORM_INDEX - k + (k == LAST_UNIFORM_INDEX);
+        hopeful[n] = (uint32_t)i;
+        n += near & (rough + c->noise_cap[highest_bit(distance)] + slack >= best);
+    }
+    *open = n;
+    return unit != 0;
+}
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_OPEN_AVX2 1
+
+/* Lanes a * b modulo 2**64, b given as its low and high 32-bit halves. */
+__attribute__((target("avx2"))) static inline __m256i multiply_low(__m256i a, __m256i b_low,
+                                                                    __m256i b_high)
+{
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b_low),
+                                           _mm256_mul_epu32(a, b_high));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, b_low), _mm256_slli_epi64(cross, 32));
+}
+
+/* Lanes as doubles, for lanes below 2**52. */
+__attribute__((target("avx2"))) static inline __m256d small_to_double(__m256i v)
+{
+    const __m256i magic = _mm256_set1_epi64x(0x4330000000000000ll);
+    return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(v, magic)),
+                         _mm256_castsi256_pd(magic));
+}
+
+/* open_scalar four tokens at a time (the rest by open_scalar), with the same hash and the same
+ * rough scores; the cap is computed from the highest bit of (2**53 - 1 - k) >> 29 and taken as
+ * the largest one (bit 0) below 2**29, so it is never below open_scalar's and the tokens let
+ * through include open_scalar's. */
+__attribute__((target("avx2"))) static int open_avx2(const struct contest *c,
+                                                     const struct draw_request *r,
+                                                     const struct scaling *z, double loose,
+                                                     uint32_t *hopeful, size_t *open)
+{
+    const double *x = r->x;
+    const __m256i m1_low = _mm256_set1_epi64x(0xBF58476D1CE4E5B9ll & 0xffffffffll);
+    const __m256i m1_high = _mm256_set1_epi64x((long long)(0xBF58476D1CE4E5B9ull >> 32));
+    const __m256i m2_low = _mm256_set1_epi64x(0x94D049BB133111EBll & 0xffffffffll);
+    const __m256i m2_high = _mm256_set1_epi64x((long long)(0x94D049BB133111EBull >> 32));
+    const __m256i key = _mm256_set1_epi64x((long long)c->position_key);
+    const __m256i last = _mm256_set1_epi64x((long long)LAST_UNIFORM_INDEX);
+    const __m256d scale = _mm256_set1_pd(z->approximate ? z->inverse : z->temperature);
+    const __m256d loose4 = _mm256_set1_pd(loose), best = _mm256_set1_pd(c->best_score);
+    const __m256d slack = _mm256_set1_pd(c->slack), ln2 = _mm256_set1_pd(LN2_ROUNDED_UP);
+    const __m256d top_bit = _mm256_set1_pd(53.0 + 1023.0 - 29.0);
+    const __m256d most = _mm256_set1_pd(53.0);
+    __m256i ids = _mm256_setr_epi64x(0, 1, 2, 3), unit = _mm256_setzero_si256();
+    const __m256i step = _mm256_set1_epi64x(4);
+    size_t n = 0, i = 0;
+    for (; i + 4 <= r->vocab; i += 4, ids = _mm256_add_epi64(ids, step)) {
+        const __m256d values = _mm256_loadu_pd(x + i);
+        const __m256d rough = z->approximate ? _mm256_mul_pd(values, scale)
+                                             : _mm256_div_pd(values, scale);
+        const __m256d near = _mm256_cmp_pd(rough, loose4, _CMP_GE_OQ);
+        __m256i h = _mm256_xor_si256(key, ids);
+        h = _mm256_xor_si256(h, _mm256_srli_epi64(h, 30));
+        h = multiply_low(h, m1_low, m1_high);
+        h = _mm256_xor_si256(h, _mm256_srli_epi64(h, 27));
+        h = multiply_low(h, m2_low, m2_high);
+        h = _mm256_xor_si256(h, _mm256_srli_epi64(h, 31));
+        const __m256i k = _mm256_srli_epi64(h, 11);
+        unit = _mm256_or_si256(unit, _mm256_and_si256(_mm256_castpd_si256(near),
+                                                      _mm256_cmpeq_epi64(k, last)));
+        /* exponent of the double (distance >> 29) is 1023 + its highest bit, 0 for 0 */
+        const __m256d coarse = small_to_double(_mm256_srli_epi64(_mm256_sub_epi64(last, k), 29));
+        const __m256d exponent = small_to_double(
+            _mm256_srli_epi64(_mm256_castpd_si256(coarse), 52));
+        /* 53 - bit, bit = exponent - 1023 + 29 (at least 0) */
+        const __m256d lost = _mm256_min_pd(_mm256_sub_pd(top_bit, exponent), most);
+        const __m256d reach = _mm256_add_pd(_mm256_add_pd(rough, _mm256_mul_pd(lost, ln2)),
+                                            slack);
+        const int hope = _mm256_movemask_pd(
+            _mm256_and_pd(near, _mm256_cmp_pd(reach, best, _CMP_GE_OQ)));
+        for (int lane = 0; lane < 4; lane++) {
+            hopeful[n] = (uint32_t)(i + (size_t)lane);
+            n += (hope >> lane) & 1;
+        }
+    }
+    *open = n;
+    const int tail = open_scalar(c, r, z, loose, i, hopeful, open);
+    return tail || !_mm256_testz_si256(unit, unit);
+}
+#endif
+
+static int open_candidates(const struct contest *c, const struct draw_request *r,
+                           const struct scaling *z, double lower, uint32_t *hopeful,
+                           size_t *open)
+{
+    const double loose = lower - margin_of(z, lower);
+    *open = 0;
+#if defined(HAVE_OPEN_AVX2)
+    if (!r->scalar_scan && __builtin_cpu_supports("avx2"))
+        return open_avx2(c, r, z, loose, hopeful, open);
+#endif
+    return open_scalar(c, r, z, loose, 0, hopeful, open);
 }
 
 /* Ids (ascending) of the tokens with x / T >= lower: a branch-free pass on the product keeps
@@ -277,11 +401,20 @@ struct draw_result draw(const struct draw_request *r)
     const int top_p_on = r->top_p < 1.0;
     if (!top_p_on && (r->top_k == 0 || r->top_k >= r->vocab)) {
         const double window = s0 - IRRELEVANT_BELOW;
+        const double lower = keep_from > window ? keep_from : window;
         uint32_t *ids = scratch.ids[0];
-        size_t count = scaled_at_least(r, &z, keep_from > window ? keep_from : window, ids);
-        for (size_t j = 0; j < count; j++)
-            if (consider(&contest, ids[j], rough_scaled(&z, x[ids[j]])))
-                return outcome(DRAW_UNIT_UNIFORM, ids[j], 0.0);
+        size_t open = 0;
+        if (open_candidates(&contest, r, &z, lower, ids, &open)) {
+            size_t count = scaled_at_least(r, &z, lower, ids);
+            for (size_t j = 0; j < count; j++)
+                if (consider(&contest, ids[j], rough_scaled(&z, x[ids[j]])))
+                    return outcome(DRAW_UNIT_UNIFORM, ids[j], 0.0);
+            return outcome(DRAW_OK, contest.best_id, 0.0);
+        }
+        for (size_t j = 0; j < open; j++) {
+            const uint32_t id = ids[j];
+            if (x[id] / temperature >= lower) consider(&contest, id, rough_scaled(&z, x[id]));
+        }
         return outcome(DRAW_OK, contest.best_id, 0.0);
     }
     struct candidates c;

@@ -20,6 +20,7 @@ struct draw_request {
     double temperature, top_p, min_p;
     uint64_t seed, pos;
     enum top_p_path top_p_path;
+    int scalar_scan; /* 1: the plain draw scans without SIMD (tests; the same token) */
 };
 
 enum draw_status {

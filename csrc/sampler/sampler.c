@@ -112,14 +112,14 @@ static PyObject *raise_failure(struct draw_result result)
     }
 }
 
-/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path]) -> token id */
+/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scalar_scan]]) -> token id */
 static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct draw_request r;
-    size_t path = TOP_P_AUTO;
-    if (nargs != 7 && nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "draw takes 7 or 8 arguments, got %zd", nargs);
+    size_t path = TOP_P_AUTO, scalar_scan = 0;
+    if (nargs < 7 || nargs > 9) {
+        PyErr_Format(PyExc_TypeError, "draw takes 7 to 9 arguments, got %zd", nargs);
         return NULL;
     }
     if (take_float(args[1], "temperature", 0.0, 0, INFINITY, "a finite number >= 0",
@@ -128,10 +128,13 @@ static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         take_float(args[3], "top_p", 0.0, 1, 1.0, "in (0, 1]", &r.top_p) ||
         take_float(args[4], "min_p", 0.0, 0, 1.0, "in [0, 1]", &r.min_p) ||
         take_uint64(args[5], "seed", &r.seed) || take_uint64(args[6], "pos", &r.pos) ||
-        (nargs == 8 && take_size(args[7], "top_p_path", TOP_P_BOUNDED,
-                                 "0 (auto), 1 (exhaustive) or 2 (bounded)", &path)))
+        (nargs >= 8 && take_size(args[7], "top_p_path", TOP_P_BOUNDED,
+                                 "0 (auto), 1 (exhaustive) or 2 (bounded)", &path)) ||
+        (nargs == 9 && take_size(args[8], "scalar_scan", 1, "0 (auto) or 1 (scalar)",
+                                 &scalar_scan)))
         return NULL;
     r.top_p_path = (enum top_p_path)path;
+    r.scalar_scan = (int)scalar_scan;
     Py_buffer view;
     if (take_row(args[0], &view)) return NULL;
     r.x = view.buf;
@@ -188,9 +191,10 @@ static PyMethodDef methods[] = {
     {"exp", py_exp, METH_O, "exp(x) -> list: exactdraft's float64 exp of each value of x"},
     {"log", py_log, METH_O, "log(x) -> list: exactdraft's float64 log of each value of x"},
     {"draw", (PyCFunction)(void (*)(void))py_draw, METH_FASTCALL,
-     "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path]) -> int: steps 3-9 "
-     "of SAMPLER.md on the processed C-contiguous float64 row x. top_p_path (tests): 0 auto, "
-     "1 exhaustive, 2 bounded; all give the same token."},
+     "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scalar_scan]]) -> "
+     "int: steps 3-9 of SAMPLER.md on the processed C-contiguous float64 row x. top_p_path "
+     "(tests): 0 auto, 1 exhaustive, 2 bounded; scalar_scan (tests): 1 scans the row without "
+     "SIMD; all give the same token."},
     {"top_p_path_counts", py_top_p_path_counts, METH_NOARGS,
      "(exhaustive, bounded and decided, bounded then exhaustive): top-p decisions so far."},
     {NULL, NULL, 0, NULL},

@@ -13,6 +13,7 @@ its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,6 +71,23 @@ class SequenceRows:
     rows: int
     depths: np.ndarray | None = None  # [rows] int32
     tree_paths: np.ndarray | None = None  # [rows, rows] int32
+
+
+@dataclass(frozen=True)
+class SequenceLayers:
+    """One sequence's rows in a pass through a whole stack of layers: SequenceRows with one
+    keys and one values buffer per layer."""
+
+    keys: Sequence[Array]
+    values: Sequence[Array]
+    start: int
+    rows: int
+    depths: np.ndarray | None = None  # [rows] int32
+    tree_paths: np.ndarray | None = None  # [rows, rows] int32
+
+    def at(self, layer: int) -> SequenceRows:
+        return SequenceRows(self.keys[layer], self.values[layer], self.start, self.rows,
+                            self.depths, self.tree_paths)
 
 
 @dataclass(frozen=True)
@@ -172,6 +190,11 @@ class Backend(Protocol):
         order of `sequences`: writes each sequence's keys and values into its buffers and
         returns the new hidden rows, each with the bits it gets with its sequence alone."""
 
+    def run_layers(self, plans: Sequence[Any], hidden: Array, sequences: list[SequenceLayers],
+                   tables: Sequence[tuple[Array, Array]]) -> Array:
+        """run_layer for every plan in turn (fused_layers only), layer i with tables[i] as its
+        (cos, sin) and sequence.at(i) as each sequence's buffers: the same bits in one call."""
+
 
 def dense_matrix(weight: Any) -> np.ndarray:
     """A weight as a float32 [N, K] numpy array (quantized weights dequantize), or an error."""
@@ -200,4 +223,8 @@ class WithoutFusedLayers:
 
     def run_layer(self, plan: Any, hidden: Array, sequences: list[SequenceRows], cos: Array,
                   sin: Array) -> Array:
+        raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")
+
+    def run_layers(self, plans: Sequence[Any], hidden: Array, sequences: list[SequenceLayers],
+                   tables: Sequence[tuple[Array, Array]]) -> Array:
         raise BackendError(f"{self!r} has no fused decoder layer (fused_layers is False)")

@@ -25,6 +25,7 @@ cost more than the arithmetic of a small model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from exactdraft.backends.base import (
     BackendError,
     DecoderLayer,
     LayerShape,
+    SequenceLayers,
     SequenceRows,
     dense_matrix,
 )
@@ -240,6 +242,21 @@ class TorchCPUBackend(TorchBackend):
                       for s in sequences)
         self._native.decoder_layer(plan, hidden.data_ptr(), out.data_ptr(), parts,
                                    cos.data_ptr(), sin.data_ptr())
+        return out
+
+    def run_layers(self, plans: Sequence[Any], hidden: Any, sequences: list[SequenceLayers],
+                   tables: Sequence[tuple[Any, Any]]) -> Any:
+        """run_layer for every plan in turn, in one C call (the same kernel calls)."""
+        hidden = hidden.contiguous()
+        out = self._empty(*hidden.shape)
+        parts = tuple((tuple(k.data_ptr() for k in s.keys), tuple(v.data_ptr() for v in s.values),
+                       s.keys[0].shape[1], s.start, s.rows,
+                       0 if s.depths is None else np.ascontiguousarray(s.depths, np.int32),
+                       0 if s.tree_paths is None else np.ascontiguousarray(s.tree_paths, np.int32))
+                      for s in sequences)
+        self._native.decoder_layers(tuple(plans), hidden.data_ptr(), out.data_ptr(), parts,
+                                    tuple(cos.data_ptr() for cos, _ in tables),
+                                    tuple(sin.data_ptr() for _, sin in tables))
         return out
 
     def to_host(self, x: Any) -> np.ndarray:

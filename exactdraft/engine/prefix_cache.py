@@ -116,13 +116,18 @@ class PrefixCache:
         full = min(state.length, len(tokens)) // size
         chain = list(held)
         parent = chain[-1].key if chain else ROOT
+        exported, first = None, 0  # the missing blocks' rows, exported in one go
         for index in range(len(chain), full):
             own = tuple(int(t) for t in tokens[index * size:(index + 1) * size])
             key = block_key(parent, own)
             with self._lock:
                 block = self._blocks.get(key)
             if block is None:
-                keys, values = target.export_kv(state, index * size, (index + 1) * size)
+                if exported is None:
+                    first = index
+                    exported = target.export_kv(state, index * size, full * size)
+                rows = slice((index - first) * size, (index - first + 1) * size)
+                keys, values = (np.ascontiguousarray(part[:, :, rows]) for part in exported)
                 block = self._insert(Block(key, parent, own, keys, values))
             if block is None:  # no room: blocks held by live sequences fill the budget
                 break

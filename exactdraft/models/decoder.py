@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import Backend, DecoderLayer, LayerShape, SequenceRows
+from exactdraft.backends.base import Backend, DecoderLayer, LayerShape, SequenceLayers
 from exactdraft.errors import ParameterError
 from exactdraft.formats import QuantizedTensor, stack_rows
 from exactdraft.models.blocks import (
@@ -280,14 +280,15 @@ class DecoderModel:
         hidden = be.vector(embedding_rows(self.embedding, all_ids))
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
-        for index, layer in enumerate(self.layers):
-            cos, sin = tables[self.layer_rope[index]]
-            if self.plans is not None:
-                sequences = [SequenceRows(part.cache.keys[index], part.cache.values[index],
-                                          part.start, part.rows, part.depths, part.tree_paths)
-                             for part in parts]
-                hidden = be.run_layer(self.plans[index], hidden, sequences, cos, sin)
-            else:
+        if self.plans is not None:
+            sequences = [SequenceLayers(part.cache.keys, part.cache.values, part.start,
+                                        part.rows, part.depths, part.tree_paths)
+                         for part in parts]
+            hidden = be.run_layers(self.plans, hidden, sequences,
+                                   [tables[rope] for rope in self.layer_rope])
+        else:
+            for index, layer in enumerate(self.layers):
+                cos, sin = tables[self.layer_rope[index]]
                 hidden = decoder_layer(be, layer, self.shapes[index], hidden, parts, index,
                                        cos, sin)
         ends = np.cumsum([part.rows for part in parts])

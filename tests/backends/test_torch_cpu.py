@@ -221,3 +221,56 @@ def test_smollm2_fused_equals_per_op_and_keeps_rows_invariant():
     generic_logits, generic_cache = passes(generic)
     assert same_bits(fused_logits, generic_logits) and same_bits(fused_cache, generic_cache)
     assert not window_breaks_single_steps(fused, prefix_length=250)
+
+
+def _stack_inputs(target, contexts):
+    """States holding `contexts` tokens each, and the pass inputs for one new row apiece."""
+    from exactdraft.backends.base import SequenceLayers
+
+    states = []
+    for salt, length in enumerate(contexts):
+        state = target.new_state()
+        target.forward(state, probe_tokens(length, target.vocab_size, salt=30 + salt))
+        states.append(state)
+    positions = np.array([state.cache.length for state in states])
+    hidden = target.backend.vector(np.random.default_rng(0).standard_normal(
+        (len(states), target.config.hidden_size)).astype(np.float32))
+    sequences = [SequenceLayers(s.cache.keys, s.cache.values, s.cache.length, 1) for s in states]
+    tables = [table.rows(target.backend, positions) for table in target.rope_tables]
+    return states, hidden, sequences, [tables[rope] for rope in target.layer_rope]
+
+
+def test_a_layer_stack_in_one_call_equals_its_layers_one_by_one(tiny_checkpoints):
+    """run_layers (every layer in one C call, several sequences) gives the bits of run_layer
+    called layer by layer, outputs and KV entries alike; negative control: leaving out the last
+    layer changes the output."""
+    from exactdraft.backends.base import SequenceLayers
+
+    target = build(tiny_checkpoints, "qwen3", "q4_1")
+    be = target.backend
+    outputs, caches = [], []
+    for one_call in (True, False):
+        states, hidden, sequences, tables = _stack_inputs(target, (5, 40, 17))
+        if one_call:
+            out = be.run_layers(target.plans, hidden, sequences, tables)
+        else:
+            out = hidden
+            for index, plan in enumerate(target.plans):
+                out = be.run_layer(plan, out, [s.at(index) for s in sequences], *tables[index])
+        outputs.append(out.numpy().tobytes())
+        caches.append(b"".join(k.numpy().tobytes() for s in states for k in s.cache.keys))
+    assert outputs[0] == outputs[1] and caches[0] == caches[1]
+    states, hidden, sequences, tables = _stack_inputs(target, (5, 40, 17))
+    cut = [SequenceLayers(s.keys[:-1], s.values[:-1], s.start, s.rows) for s in sequences]
+    shorter = be.run_layers(target.plans[:-1], hidden, cut, tables[:-1])
+    assert shorter.numpy().tobytes() != outputs[0]
+
+
+def test_a_layer_stack_refuses_mismatched_buffers(tiny_checkpoints):
+    from exactdraft.backends.base import SequenceLayers
+
+    target = build(tiny_checkpoints, "llama", "float32")
+    states, hidden, sequences, tables = _stack_inputs(target, (4,))
+    short = SequenceLayers(sequences[0].keys[:1], sequences[0].values[:1], 4, 1)
+    with pytest.raises(TypeError, match="keys must be a tuple of"):
+        target.backend.run_layers(target.plans, hidden, [short], tables)

@@ -25,7 +25,8 @@ static int x86_has(const char *feature)
 {
     __builtin_cpu_init();
     /* The scalar level's FMA build runs real FMA instructions, emulated build or not. */
-    if (!strcmp(feature, "fma")) return __builtin_cpu_supports("fma");
+    if (!strcmp(feature, "fma"))
+        return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx");
     return 1;
 }
 #elif defined(HAVE_X86_LEVELS)
@@ -38,7 +39,8 @@ static int x86_has(const char *feature)
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (!strcmp(feature, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (!strcmp(feature, "fma")) return __builtin_cpu_supports("fma");
+    if (!strcmp(feature, "fma"))
+        return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx");
     return 0;
 }
 #endif

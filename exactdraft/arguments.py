@@ -24,6 +24,13 @@ def check_component(name: str, value: Any, needs: tuple[str, ...], what: str) ->
                              f"{_short(value)}, which has no {', '.join(missing)}")
 
 
+def is_drafter_factory(drafter: Any) -> bool:
+    """Whether `drafter` is a function of the target that makes the drafter (a drafter built on
+    the target, such as DraftHead, given to from_pretrained before the target exists)."""
+    return callable(drafter) and not hasattr(drafter, "propose") and \
+        not hasattr(drafter, "forward")
+
+
 def check_drafter(drafter: Any) -> None:
     if drafter is None:
         return
@@ -64,7 +71,8 @@ def check_pretrained_arguments(path_or_id: Any, backend: Any, drafter: Any, devi
         raise ParameterError(f"backend must be a name ('auto', 'torch', 'torch-padded', 'mlx' "
                              f"or a registered one) or a backend object, got "
                              f"{type(backend).__name__} {_short(backend)}")
-    check_drafter(drafter)
+    if not is_drafter_factory(drafter):
+        check_drafter(drafter)
     for name, value in (("device", device), ("dtype", dtype)):
         if value is not None and not isinstance(value, str):
             raise ParameterError(f"{name} must be a str or None, got {_short(value)}")

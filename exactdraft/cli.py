@@ -58,10 +58,13 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="compute dtype (default: float32, or the backend's choice)")
     parser.add_argument("--drafter", default="lookup",
-                        help="lookup, model:PATH (a smaller model with the same vocabulary), "
-                             "or none (default: lookup)")
+                        help="lookup (prompt lookup), suffix (suffix matching over the prompt "
+                             "and earlier replies), head (the draft head bundled for the model), "
+                             "head:PATH (a head from train-drafter), model:PATH (a smaller "
+                             "model with the same vocabulary), or none (default: lookup)")
     parser.add_argument("--max-draft", type=int, default=None,
-                        help="most drafts per pass (default: 8 for lookup, 4 for a model)")
+                        help="most drafts per pass (default: 8 for lookup and suffix, 4 for a "
+                             "head or a model)")
     parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
                         help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
                              "--no-quantized dequantizes them to float32 (default: on)")
@@ -161,10 +164,17 @@ def validate(args: argparse.Namespace) -> None:
         raise ParameterError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.max_draft is not None and args.max_draft < 1:
         raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
-    if args.drafter not in ("lookup", "none") and not args.drafter.startswith("model:"):
-        raise ParameterError(f"unknown drafter {args.drafter!r}: use lookup, model:PATH or none")
-    if args.drafter.startswith("model:") and not args.drafter[len("model:"):]:
-        raise ParameterError("--drafter model:PATH needs the draft model's path")
+    if args.drafter not in ("lookup", "suffix", "head", "none") and \
+            not args.drafter.startswith(("model:", "head:")):
+        raise ParameterError(f"unknown drafter {args.drafter!r}: use lookup, suffix, head, "
+                             "head:PATH, model:PATH or none")
+    for prefix, what in (("model:", "the draft model's path"), ("head:", "the head's folder")):
+        if args.drafter == prefix:
+            raise ParameterError(f"--drafter {prefix}PATH needs {what}")
+    if args.drafter.startswith("head:") and \
+            not os.path.isdir(os.path.expanduser(args.drafter[len("head:"):])):
+        raise ParameterError(f"--drafter {args.drafter}: no folder there (train-drafter "
+                             "writes one)")
     if args.model is not None and not os.path.exists(os.path.expanduser(args.model)):
         from exactdraft.loading.hub import looks_like_hub_id
 
@@ -175,7 +185,8 @@ def validate(args: argparse.Namespace) -> None:
         if args.seeds < 1:
             raise ParameterError(f"--seeds must be >= 1, got {args.seeds}")
         if args.drafter == "none":
-            raise ParameterError("check needs a drafter (lookup or model:PATH)")
+            raise ParameterError("check needs a drafter (lookup, suffix, head, head:PATH or "
+                                 "model:PATH)")
         args.temperature_list = parse_temperatures(args.temperatures)
         args.prompt_list = read_prompts(args.prompts, raw=True)  # chat or raw: decided later
     elif args.command == "generate":
@@ -242,6 +253,12 @@ def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
         return None
     if spec == "lookup":
         return xd.PromptLookup(max_draft=max_draft or 8)
+    if spec == "suffix":
+        return xd.SuffixDrafter(max_draft=max_draft or 8)
+    if spec == "head" or spec.startswith("head:"):
+        folder = None if spec == "head" else spec[len("head:"):]
+        return lambda target: xd.DraftHead.from_pretrained(folder, target,
+                                                           max_draft=max_draft or 4)
     return xd.DraftModel.from_pretrained(spec[len("model:"):], max_draft=max_draft or 4,
                                          **options)
 

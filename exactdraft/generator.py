@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from exactdraft.arguments import (
@@ -28,6 +28,7 @@ from exactdraft.arguments import (
     check_drafter,
     check_flags,
     check_pretrained_arguments,
+    is_drafter_factory,
     stops_with_config,
 )
 from exactdraft.decoding import Chunk, Decoding, GenerationResult, GenerationStats, Run
@@ -170,17 +171,21 @@ class Generator:
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike[str] | None = None,
-                        backend: Any = "auto", drafter: Drafter | None = None, *,
+                        backend: Any = "auto",
+                        drafter: Drafter | Callable[[Target], Drafter] | None = None, *,
                         device: str | None = None, dtype: str | None = None,
                         max_context: int | None = None, strict: bool = False,
                         progress: bool | None = None, **options: Any) -> Generator:
         """Load a checkpoint (folder, .gguf file or hub id; None = the bundled SmolLM2) and
-        build a Generator with its tokenizer. `options` go to the loader (keep_quantized,
-        revision, cache_dir, with_tokenizer) or to the Generator (prefill_chunk,
-        adaptive_depth, guard, sampling, stop_tokens). The checkpoint's generation_config.json,
-        when present, sets the default sampling (unless `sampling` is given) and adds its
-        eos_token_id to the stop tokens. Every argument is checked before anything loads;
-        `progress` shows the loading on stderr (None: when stderr is a terminal)."""
+        build a Generator with its tokenizer. `drafter` may also be a function of the target
+        that returns the drafter, for drafters built on it (for example
+        `lambda target: DraftHead.from_pretrained(None, target)`). `options` go to the loader
+        (keep_quantized, revision, cache_dir, with_tokenizer) or to the Generator
+        (prefill_chunk, adaptive_depth, guard, sampling, stop_tokens). The checkpoint's
+        generation_config.json, when present, sets the default sampling (unless `sampling` is
+        given) and adds its eos_token_id to the stop tokens. Every argument is checked before
+        anything loads; `progress` shows the loading on stderr (None: when stderr is a
+        terminal)."""
         from exactdraft import pretrained
         from exactdraft.backends.registry import get_backend
 
@@ -206,6 +211,8 @@ class Generator:
             shown.phase("building the model")
             target = pretrained.build_target(checkpoint, backend, device=device, dtype=dtype,
                                              max_context=max_context)
+        if is_drafter_factory(drafter):
+            drafter = drafter(target)
         config = checkpoint.generation_config
         if config is not None:
             source = os.path.join(str(checkpoint.source), "generation_config.json")

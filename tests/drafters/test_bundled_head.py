@@ -37,3 +37,24 @@ def test_the_bundled_head_is_refused_for_other_weights(smollm2, tiny_targets):
     with pytest.raises(xd.CheckpointError, match="trained for another target"):
         xd.DraftHead.from_pretrained(xd.DraftHead.from_pretrained(None, smollm2[0]).source,
                                      tiny_targets["llama"])
+
+
+def test_from_pretrained_builds_a_head_from_a_factory_and_the_cli_names_it(capsys):
+    """drafter= may be a function of the target (a head needs the target first); the result
+    drafts and writes the serial tokens. A factory that returns no drafter is refused."""
+    from exactdraft.cli import main
+
+    generator = xd.Generator.from_pretrained(
+        None, drafter=lambda target: xd.DraftHead.from_pretrained(None, target), progress=False)
+    assert isinstance(generator.drafter, xd.DraftHead)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    drafted = generator.generate(messages, max_new_tokens=16, temperature=0.7, seed=3)
+    serial = generator.generate(messages, max_new_tokens=16, temperature=0.7, seed=3,
+                                drafts=False)
+    assert drafted.tokens == serial.tokens and drafted.stats.drafted > 0
+    with pytest.raises(xd.ParameterError, match="drafter"):
+        xd.Generator.from_pretrained(None, drafter=lambda target: 42, progress=False)
+    assert main(["generate", "--chat", "Name three colours.", "--drafter", "head",
+                 "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.startswith("drafted [") and "tokens/pass" in summary, summary

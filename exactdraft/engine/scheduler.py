@@ -246,26 +246,31 @@ class Engine:
             for sample, _ in passing:
                 self._fail(sample, error)
             return
-        results = [(s, None) for s, t in planned if not t] + list(zip([s for s, _ in passing],
-                                                                      rows))
-        for sample, logits in results:
-            self._advance(sample, logits)
+        results = [(s, (None, None)) for s, t in planned if not t] + \
+            list(zip([s for s, _ in passing], rows))
+        for sample, (logits, features) in results:
+            self._advance(sample, logits, features)
 
     def _forward(self, passing: list[tuple[_Sample, list[int]]], rows: str) -> list[Any]:
+        """Each passing sample's (logits, features), features None unless a sample's drafter
+        reads the target's features (then every sample gets its own)."""
         states = [s.decoding.state for s, _ in passing]
         tokens = [t for _, t in passing]
         self.stats.passes += 1
         self.stats.rows += sum(len(t) for t in tokens)
         self.stats.sequences_per_pass.append(len(tokens))
+        features = any(s.decoding.wants_features for s, _ in passing)
         if len(passing) == 1:
-            return [self.target.forward(states[0], tokens[0], rows=rows)]
-        return self.target.forward_batch(states, tokens, rows=rows)
+            out = self.target.forward(states[0], tokens[0], rows=rows, features=features)
+            return [out if features else (out, None)]
+        out = self.target.forward_batch(states, tokens, rows=rows, features=features)
+        return list(zip(*out)) if features else [(logits, None) for logits in out]
 
-    def _advance(self, sample: _Sample, logits: Any) -> None:
+    def _advance(self, sample: _Sample, logits: Any, features: Any = None) -> None:
         decoding = sample.decoding
         was_prefilling = decoding.prefilling
         try:
-            chunk = decoding.advance(logits)
+            chunk = decoding.advance(logits, features)
         except Exception as error:
             self._fail(sample, error)
             return

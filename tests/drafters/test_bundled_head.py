@@ -58,3 +58,24 @@ def test_from_pretrained_builds_a_head_from_a_factory_and_the_cli_names_it(capsy
                  "--max-new-tokens", "12", "--temperature", "0"]) == 0
     summary = capsys.readouterr().err.strip().splitlines()[-1]
     assert summary.startswith("drafted [") and "tokens/pass" in summary, summary
+
+
+def test_the_head_drafts_in_the_engine(smollm2):
+    """Engine passes hand the target's features to the sample drafting with the head: it drafts
+    there too, and every sample writes the tokens it writes alone (negative control: another
+    seed writes other tokens)."""
+    from exactdraft.engine import Engine
+
+    target, tokenizer = smollm2
+    generator = xd.Generator(target, xd.DraftHead.from_pretrained(None, target),
+                             tokenizer=tokenizer, adaptive_depth=False)
+    prompts = [[{"role": "user", "content": text}] for text in
+               ("Explain how a hash table works.", "Name three colours.", "What is rain?")]
+    options = dict(max_new_tokens=24, temperature=0.7, stop_tokens=[])
+    alone = [generator.generate(p, seed=i, **options) for i, p in enumerate(prompts)]
+    with Engine(generator, max_sequences=3) as engine:
+        submissions = [engine.submit(p, seed=i, **options) for i, p in enumerate(prompts)]
+        together = [s.results()[0] for s in submissions]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert sum(r.stats.drafted for r in together) > 0
+    assert generator.generate(prompts[0], seed=99, **options).tokens != alone[0].tokens

@@ -259,12 +259,16 @@ class Engine:
         self.stats.passes += 1
         self.stats.rows += sum(len(t) for t in tokens)
         self.stats.sequences_per_pass.append(len(tokens))
-        features = any(s.decoding.wants_features for s, _ in passing)
+        # Only targets that declare returns_features are asked for them (Decoding checks).
+        if any(s.decoding.wants_features for s, _ in passing):
+            if len(passing) == 1:
+                return [self.target.forward(states[0], tokens[0], rows=rows, features=True)]
+            return list(zip(*self.target.forward_batch(states, tokens, rows=rows,
+                                                       features=True)))
         if len(passing) == 1:
-            out = self.target.forward(states[0], tokens[0], rows=rows, features=features)
-            return [out if features else (out, None)]
-        out = self.target.forward_batch(states, tokens, rows=rows, features=features)
-        return list(zip(*out)) if features else [(logits, None) for logits in out]
+            return [(self.target.forward(states[0], tokens[0], rows=rows), None)]
+        return [(logits, None) for logits in self.target.forward_batch(states, tokens,
+                                                                       rows=rows)]
 
     def _advance(self, sample: _Sample, logits: Any, features: Any = None) -> None:
         decoding = sample.decoding

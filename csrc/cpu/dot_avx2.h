@@ -10,7 +10,7 @@
 #include "x86_intrinsics.h"
 #include <string.h>
 
-#define DOT_TILE_ROWS 4
+#define DOT_TILE_ROWS 8
 #define DOT_Q8_CODE_BIAS 0
 #define DOT_VW 8
 
@@ -18,9 +18,12 @@ typedef __m256i vi;
 typedef __m256 dv; /* one weight row per lane */
 
 /* One block's weight codes for 8 rows: code[j] pairs with activations 4j..4j+3; q4 codes are
- * 0..15, q8_0 codes are the signed weights. */
+ * 0..15, q8_0 codes are the signed weights. q4 and q8_0 codes are not decoded up front: their
+ * row functions read them from `chunks` as they go, so that eight rows' sums fit in the
+ * registers. */
 struct dot_codes {
     __m256i code[8];
+    const uint8_t *chunks;
 };
 
 static inline vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
@@ -37,15 +40,7 @@ static inline dv dv_load_half(const uint16_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
-{
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
-    for (int t = 0; t < 4; t++) {
-        __m256i bytes = _mm256_loadu_si256((const __m256i *)(chunks + t * DOT_CHUNK));
-        w->code[t] = _mm256_and_si256(bytes, nibble);
-        w->code[t + 4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-    }
-}
+static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 
 /* Unsigned byte codes (at most 63) as stored. */
 static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
@@ -54,13 +49,8 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
         w->code[j] = _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK));
 }
 
-static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
-{
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    for (int j = 0; j < 8; j++)
-        w->code[j] = _mm256_xor_si256(
-            _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK)), bias);
-}
+/* q8_0 codes are read (and made signed) by dot_q8_rows as it goes. */
+static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 
 static inline __m256i broadcast_four(const int8_t *x)
 {
@@ -70,16 +60,25 @@ static inline __m256i broadcast_four(const int8_t *x)
 }
 
 /* isum[r] = starts[2 r] + sum of q * x_r for q4 codes q in 0..15, row r's activations at
- * x + 32 r. */
+ * x + 32 r. Chunk t holds the codes of activations 4t..4t+3 (low nibbles) and 4(t+4)..
+ * (high nibbles); each is decoded once for all rows. */
 static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x,
                                       const int32_t *starts, const int rows, vi *isum)
 {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
     __m256i pairs[DOT_TILE_ROWS];
     for (int r = 0; r < rows; r++) pairs[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++)
+    for (int t = 0; t < 4; t++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w->chunks + t * DOT_CHUNK));
+        const __m256i low = _mm256_and_si256(bytes, nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
         for (int r = 0; r < rows; r++)
             pairs[r] = _mm256_add_epi16(
-                pairs[r], _mm256_maddubs_epi16(w->code[j], broadcast_four(x + 32 * r + 4 * j)));
+                pairs[r],
+                _mm256_add_epi16(
+                    _mm256_maddubs_epi16(low, broadcast_four(x + 32 * r + 4 * t)),
+                    _mm256_maddubs_epi16(high, broadcast_four(x + 32 * r + 4 * (t + 4)))));
+    }
     for (int r = 0; r < rows; r++)
         isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
                                    _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
@@ -131,10 +130,13 @@ static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x
 {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < rows; r++) isum[r] = _mm256_set1_epi32(starts[2 * r]);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int j = 0; j < 8; j++) {
-        const __m256i magnitude = _mm256_abs_epi8(w->code[j]);
+        const __m256i code = _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(w->chunks + j * DOT_CHUNK)), bias);
+        const __m256i magnitude = _mm256_abs_epi8(code);
         for (int r = 0; r < rows; r++) {
-            __m256i signed_x = _mm256_sign_epi8(broadcast_four(x + 32 * r + 4 * j), w->code[j]);
+            __m256i signed_x = _mm256_sign_epi8(broadcast_four(x + 32 * r + 4 * j), code);
             __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_x);
             isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
         }

@@ -253,6 +253,7 @@ static int open_candidates(const struct contest *c, const struct draw_request *r
     const double loose = lower - margin_of(z, lower);
     *open = 0;
 #if defined(HAVE_OPEN_AVX2)
+    __builtin_cpu_init(); /* idempotent; needed before __builtin_cpu_supports in a library */
     if (!r->scalar_scan && __builtin_cpu_supports("avx2"))
         return open_avx2(c, r, z, loose, hopeful, open);
 #endif

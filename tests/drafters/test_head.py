@@ -185,8 +185,9 @@ def test_a_head_whose_observe_raises_costs_nothing(tiny_targets, head_folders):
     assert set(result.stats.drafter_faults.counts) == {"raised"}
 
 
-def test_passes_without_features_draft_nothing(tiny_targets, head_folders):
-    """The engine's passes return no features: the head drafts nothing there, output exact."""
+def test_the_engine_hands_the_head_its_features(tiny_targets, head_folders):
+    """Engine passes carry the target's features to a head-drafting sample: it drafts there,
+    and writes the serial tokens."""
     from exactdraft.engine import Engine
 
     target = tiny_targets["llama"]
@@ -196,7 +197,7 @@ def test_passes_without_features_draft_nothing(tiny_targets, head_folders):
         result = engine.generate_batch([PROMPTS[0]], max_new_tokens=16, sampling=params,
                                        stop_tokens=[])[0]
     serial = xd.Generator(target).generate(PROMPTS[0], 16, params, stop_tokens=[])
-    assert result.tokens == serial.tokens and result.stats.drafted == 0
+    assert result.tokens == serial.tokens and result.stats.drafted > 0
 
 
 def test_bad_arguments(tiny_targets, head_folders):

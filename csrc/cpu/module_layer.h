@@ -9,7 +9,6 @@
 #include <Python.h>
 
 PyObject *py_layer_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_decoder_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_decoder_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

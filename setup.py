@@ -53,7 +53,7 @@ HEADERS = [
     "csrc/cpu/dot_neon.h",
 ]
 UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
-              "-fvisibility=hidden", "-pthread", "-Wall"]
+              "-fvisibility=hidden", "-pthread", "-Wall", "-Wno-psabi"]
 # The sampler must round every operation as its Python twin does: no contraction into fused
 # multiply-adds and no -ffast-math (its sources refuse to compile under the latter); its exp and
 # log are exactdraft's own (csrc/sampler/float64_math.h), not the C library's.

@@ -1,39 +1,43 @@
 /* Integer dot products for the dot layout in plain C, for dot_body.h: 8 weight rows per
  * "vector", one int32 lane each.
  *
- * Invariant: every primitive returns exact integer sums.
+ * Invariant: every primitive returns exact integer sums (so the order of the additions is free:
+ * lanes run side by side over the block's 32 activations).
  */
 #include "kernels.h"
 #include <string.h>
 #define DOT_TILE_ROWS 2
-#define DOT_Q8_CODE_BIAS 0
+/* q8_0 codes are read as stored, w + 128, like the other byte codes; the starts take 128 out. */
+#define DOT_Q8_CODE_BIAS 128
 #define DOT_VW 8
 
+#if SCALAR_VECTOR_TYPES
+/* Vector types, as in vec_scalar.h: the lanes stay in registers and run side by side. */
+typedef int32_t vi __attribute__((vector_size(DOT_VW * sizeof(int32_t))));
+typedef float dv __attribute__((vector_size(DOT_VW * sizeof(float)))); /* a weight row a lane */
+#define DOT_LANE(v, i) (v)[i]
+#else
 typedef struct { int32_t lane[DOT_VW]; } vi;
 typedef struct { float lane[DOT_VW]; } dv; /* one weight row per lane */
+#define DOT_LANE(v, i) (v).lane[i]
+#endif
 
-/* One block's weight codes for DOT_VW rows: code[j][c] holds row c's 4 codes paired with
- * activations 4j..4j+3; q4 codes are 0..15, q8_0 codes are the signed weights. */
+/* One block's weight codes for DOT_VW rows: lane c of code[k] is row c's code paired with
+ * activation k; q4 codes are 0..15, byte codes (q8_0's included) unsigned. */
 struct dot_codes {
-    int16_t code[8][DOT_VW][4];
+    vi code[32];
 };
 
-#define DV_LANEWISE(expr) do { for (int i = 0; i < DOT_VW; i++) { r.lane[i] = (expr); } } while (0)
+#define DV_LANEWISE(expr) do { for (int i = 0; i < DOT_VW; i++) { DOT_LANE(r, i) = (expr); } } while (0)
 
-static inline vi vi_set1(int32_t a)
-{
-    vi r;
-    DV_LANEWISE(a);
-    return r;
-}
-
-static inline dv vi_to_dv(vi a) { dv r; DV_LANEWISE((float)a.lane[i]); return r; }
+static inline vi vi_set1(int32_t a) { vi r; DV_LANEWISE(a); return r; }
+static inline dv vi_to_dv(vi a) { dv r; DV_LANEWISE((float)DOT_LANE(a, i)); return r; }
 static inline dv dv_zero(void) { dv r; DV_LANEWISE(0.0f); return r; }
 static inline dv dv_set1(float a) { dv r; DV_LANEWISE(a); return r; }
-static inline dv dv_add(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] + b.lane[i]); return r; }
-static inline dv dv_mul(dv a, dv b) { dv r; DV_LANEWISE(a.lane[i] * b.lane[i]); return r; }
-static inline void dv_store(float *p, dv v) { memcpy(p, v.lane, sizeof v.lane); }
-static inline dv dv_load(const float *p) { dv r; memcpy(r.lane, p, sizeof r.lane); return r; }
+static inline dv dv_add(dv a, dv b) { dv r; DV_LANEWISE(DOT_LANE(a, i) + DOT_LANE(b, i)); return r; }
+static inline dv dv_mul(dv a, dv b) { dv r; DV_LANEWISE(DOT_LANE(a, i) * DOT_LANE(b, i)); return r; }
+static inline void dv_store(float *p, dv v) { memcpy(p, &v, sizeof v); }
+static inline dv dv_load(const float *p) { dv r; memcpy(&r, p, sizeof r); return r; }
 static inline dv dv_load_half(const uint16_t *p)
 {
     dv r;
@@ -41,54 +45,81 @@ static inline dv dv_load_half(const uint16_t *p)
     return r;
 }
 
+/* Chunk j of the dot layout holds, for each of the DOT_VW rows, the 4 bytes paired with
+ * activations 4j..4j+3: read as one little-endian word per lane. */
+static inline vi chunk_words(const uint8_t *chunk)
+{
+    uint32_t words[DOT_VW];
+    for (int c = 0; c < DOT_VW; c++)
+        words[c] = (uint32_t)chunk[4 * c] | (uint32_t)chunk[4 * c + 1] << 8 |
+                   (uint32_t)chunk[4 * c + 2] << 16 | (uint32_t)chunk[4 * c + 3] << 24;
+    vi r;
+    memcpy(&r, words, sizeof r);
+    return r;
+}
+
+#if SCALAR_VECTOR_TYPES
+/* Lane c of the result: lane c of words shifted right by shift (logically), masked. */
+static inline vi vi_field(vi words, int shift, int32_t mask)
+{
+    typedef uint32_t vu __attribute__((vector_size(DOT_VW * sizeof(uint32_t))));
+    return (vi)(((vu)words >> shift) & (uint32_t)mask);
+}
+/* r + code * x, lanewise. */
+static inline vi vi_add_scaled(vi r, vi code, int32_t x) { return r + code * x; }
+#else
+static inline vi vi_field(vi words, int shift, int32_t mask)
+{
+    vi r;
+    DV_LANEWISE((int32_t)(((uint32_t)DOT_LANE(words, i) >> shift) & (uint32_t)mask));
+    return r;
+}
+static inline vi vi_add_scaled(vi a, vi code, int32_t x)
+{
+    vi r;
+    DV_LANEWISE(DOT_LANE(a, i) + DOT_LANE(code, i) * x);
+    return r;
+}
+#endif
+
+/* Chunk t holds the codes of activations 4t..4t+3 (low nibbles) and 4(t+4).. (high nibbles). */
 static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
 {
-    for (int t = 0; t < 4; t++)
-        for (int c = 0; c < DOT_VW; c++)
-            for (int i = 0; i < 4; i++) {
-                uint8_t byte = chunks[t * DOT_CHUNK + 4 * c + i];
-                w->code[t][c][i] = (int16_t)(byte & 0x0f);
-                w->code[t + 4][c][i] = (int16_t)(byte >> 4);
-            }
+    for (int t = 0; t < 4; t++) {
+        const vi words = chunk_words(chunks + t * DOT_CHUNK);
+        for (int i = 0; i < 4; i++) {
+            w->code[4 * t + i] = vi_field(words, 8 * i, 0x0f);
+            w->code[16 + 4 * t + i] = vi_field(words, 8 * i + 4, 0x0f);
+        }
+    }
 }
 
 /* Unsigned byte codes as stored. */
 static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
 {
-    for (int j = 0; j < 8; j++)
-        for (int c = 0; c < DOT_VW; c++)
-            for (int i = 0; i < 4; i++) w->code[j][c][i] = chunks[j * DOT_CHUNK + 4 * c + i];
-}
-
-static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
-{
-    for (int j = 0; j < 8; j++)
-        for (int c = 0; c < DOT_VW; c++)
-            for (int i = 0; i < 4; i++)
-                w->code[j][c][i] = (int16_t)((int)chunks[j * DOT_CHUNK + 4 * c + i] - 128);
-}
-
-/* start + the sum over chunks [from, to) of code * x. */
-static inline vi dot_codes_sum(vi start, const struct dot_codes *w, const int8_t *x, int from,
-                               int to)
-{
-    vi r;
-    for (int c = 0; c < DOT_VW; c++) {
-        int32_t total = start.lane[c];
-        for (int j = from; j < to; j++)
-            for (int i = 0; i < 4; i++) total += (int32_t)w->code[j][c][i] * x[4 * j + i];
-        r.lane[c] = total;
+    for (int j = 0; j < 8; j++) {
+        const vi words = chunk_words(chunks + j * DOT_CHUNK);
+        for (int i = 0; i < 4; i++) w->code[4 * j + i] = vi_field(words, 8 * i, 0xff);
     }
+}
+
+#define dot_load_q8 dot_load_u8
+
+/* start + the sum over activations [from, to) of code * x. */
+static inline vi dot_codes_sum(int32_t start, const struct dot_codes *w, const int8_t *x,
+                               int from, int to)
+{
+    vi r = vi_set1(start);
+    for (int k = from; k < to; k++) r = vi_add_scaled(r, w->code[k], x[k]);
     return r;
 }
 
 /* isum[r] = starts[2 r] + the sum over the block of code * x_r, row r's activations at
- * x + 32 r; q4 codes are 0..15, q8_0 codes the signed weights, byte codes unsigned. */
+ * x + 32 r. */
 static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
                             const int rows, vi *isum)
 {
-    for (int r = 0; r < rows; r++)
-        isum[r] = dot_codes_sum(vi_set1(starts[2 * r]), w, x + 32 * r, 0, 8);
+    for (int r = 0; r < rows; r++) isum[r] = dot_codes_sum(starts[2 * r], w, x + 32 * r, 0, 32);
 }
 
 /* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */
@@ -96,8 +127,8 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
                                  const int32_t *starts, const int rows, vi *isum0, vi *isum1)
 {
     for (int r = 0; r < rows; r++) {
-        isum0[r] = dot_codes_sum(vi_set1(starts[2 * r]), w, x + 32 * r, 0, 4);
-        isum1[r] = dot_codes_sum(vi_set1(starts[2 * r + 1]), w, x + 32 * r, 4, 8);
+        isum0[r] = dot_codes_sum(starts[2 * r], w, x + 32 * r, 0, 16);
+        isum1[r] = dot_codes_sum(starts[2 * r + 1], w, x + 32 * r, 16, 32);
     }
 }
 

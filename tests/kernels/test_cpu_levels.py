@@ -23,13 +23,15 @@ from exactdraft.kernels import cpu
 SOURCES = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 # The extension's own flags (setup.py), so the checked objects are the ones users run.
 FLAGS = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", f"-I{SOURCES}"]
-# The scalar reference takes half a minute at -O3 (its 16-lane loops unroll) and under a second
-# at -O0; its bits are the same either way (every step is an explicit IEEE operation, fused
-# multiply-adds are fmaf calls, contraction is off), and the extension's own -O3 scalar level is
-# held to the committed logits hashes by tests/test_portability.py.
-# The FMA build of the scalar level is held to the same hashes the same way, so it too is
-# compiled quickly here (-O1).
-OBJECT_FLAGS = {"level_scalar": ["-O0"], "level_scalar_fma": ["-O1"]}
+# The scalar reference is the portable struct build of vec_scalar.h (what compilers without
+# vector types get), at -O0: under a second where -O3 takes half a minute, and the same bits
+# either way (every step is an explicit IEEE operation, fused multiply-adds are fmaf calls,
+# contraction is off). The scalar level's FMA build is the vector-type build the extension
+# runs, compiled quickly (-O1) and compared with it, so both spellings of the canonical
+# arithmetic are checked against each other; the extension's own -O3 objects are held to the
+# committed logits hashes by tests/test_portability.py.
+OBJECT_FLAGS = {"level_scalar": ["-O0", "-DEXACTDRAFT_STRUCT_VECTORS"],
+                "level_scalar_fma": ["-O1"]}
 COMMON = ["dispatch", "thread_pool", "decoder_layer", "check_levels", "level_scalar"]
 X86 = ["level_avx2", "level_avx512", "level_avx512vnni", "level_scalar_fma"]
 X86_LEVELS = ("avx2", "avx512", "avx512vnni")

@@ -210,11 +210,19 @@ class Decoding:
         else:
             limit = min(run.max_new_tokens - len(run.output),
                         self.target.max_context - len(sequence)) - 1
-            if self.policy is not None:
+            # A tree's nodes are chosen after it is proposed (the policy weighs every node);
+            # a chain's depth before.
+            if self.policy is not None and not trees:
                 limit = self.policy.depth(limit)
             if self.drafter is not None and drafts and limit > 0:
                 # A copy, so a drafter cannot change the committed sequence.
                 proposal = self.drafter.propose(tuple(sequence), limit)
+                if isinstance(proposal, DraftTree) and trees and self.policy is not None:
+                    proposal = self.policy.select(proposal, limit)
+                    if proposal.is_chain:
+                        proposal = list(proposal.tokens)
+                elif trees and self.policy is not None:
+                    proposal = proposal[:self.policy.depth(len(proposal))]
                 if isinstance(proposal, DraftTree):
                     if trees:
                         self.tree = proposal
@@ -287,7 +295,7 @@ class Decoding:
         stats.tree_passes += 1
         self.drafter.accepted(len(tree), verdict.accepted)
         if self.policy is not None:
-            self.policy.record(len(tree), verdict.accepted)
+            self.policy.record_tree(tree, [row - 1 for row in path[1:]])
         if features is not None:
             self.drafter.observe(features[path], len(self.sequence) - 1)
         stats.decode_seconds += time.perf_counter() - self._clock

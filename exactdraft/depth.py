@@ -1,24 +1,38 @@
-"""How many drafts to verify per pass: measured pass costs against running acceptance.
+"""How many drafts to verify per pass, and which nodes of a token tree: measured pass costs
+against running acceptance.
 
-Invariant: the policy only bounds how many drafts go into a verify pass, so it changes speed
-and never tokens. It picks the depth k that maximises the expected committed tokens per second,
+Invariant: the policy only bounds which drafts go into a verify pass, so it changes speed and
+never tokens. It picks the depth k that maximises the expected committed tokens per second,
 E(k) / cost(k + 1), where a pass of W rows costs what was measured on the loaded model and
 E(k) = 1 + a + ... + a^k is the expected number of tokens a pass commits when each draft is
 kept with probability a (the running acceptance, estimated per generation with a prior that
 favours trying drafts).
+
+Trees generalise it (so the tree's width per depth adapts as its depth does): a_r is the
+running rate at which a node listed r-th among its siblings is kept when its parent was kept
+and its earlier siblings were not. A node's value, the chance that it is kept, is its parent's
+value times (1 - a_0) ... (1 - a_(r-1)) a_r; E of a subtree is 1 + the sum of its nodes'
+values, and the kept subtree grows best node first (a node only after its parent and its
+earlier siblings, so ranks stay what the drafter listed), to the size with the best
+E / cost(k + 1). A chain is the tree whose every node is a first child.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from exactdraft.drafters.base import DraftTree
 from exactdraft.guard import probe_tokens
 
 # Evidence older than a few dozen passes fades, so the depth follows the text being written.
 _DECAY = 0.95
-_PRIOR_KEPT, _PRIOR_REJECTED = 2.0, 1.0
+# Priors (kept, rejected) of a first child and of a later sibling: both favour trying.
+_PRIORS = ((2.0, 1.0), (1.0, 1.0))
+# Sibling ranks tracked apart; later ones share the last rate.
+_RANKS = 4
 
 
 def measure_pass_costs(target: Any, widths: int, repeats: int = 2) -> list[float]:
@@ -39,6 +53,14 @@ def measure_pass_costs(target: Any, widths: int, repeats: int = 2) -> list[float
     return costs
 
 
+def _children(tree: DraftTree) -> dict[int, list[int]]:
+    """Each parent's children (-1: the root's), in listing order."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    return children
+
+
 class DepthPolicy:
     def __init__(self, pass_costs: Sequence[float]) -> None:
         if not pass_costs or min(pass_costs) <= 0:
@@ -47,22 +69,79 @@ class DepthPolicy:
         self.reset()
 
     def reset(self) -> None:
-        self.kept, self.rejected = _PRIOR_KEPT, _PRIOR_REJECTED
+        # [rank] -> running (kept, rejected) of nodes listed rank-th among their siblings
+        self.counts = [list(_PRIORS[min(rank, 1)]) for rank in range(_RANKS)]
 
     @property
     def acceptance(self) -> float:
-        return self.kept / (self.kept + self.rejected)
+        """The running rate at which a first child (a chain's draft) is kept."""
+        return self.rate(0)
+
+    def rate(self, rank: int) -> float:
+        kept, rejected = self.counts[min(rank, _RANKS - 1)]
+        return kept / (kept + rejected)
+
+    def _update(self, seen: dict[int, tuple[int, int]]) -> None:
+        """One pass's evidence per rank, (kept, rejected); a rank the pass did not test drifts
+        back toward its prior, so a policy that stopped drafting tries again later."""
+        for rank, counts in enumerate(self.counts):
+            kept, rejected = seen.get(rank, _PRIORS[min(rank, 1)])
+            weight = 1.0 if rank in seen else 1 - _DECAY
+            counts[0] = counts[0] * _DECAY + kept * weight
+            counts[1] = counts[1] * _DECAY + rejected * weight
 
     def record(self, proposed: int, accepted: int) -> None:
-        """A pass verified `proposed` drafts and kept the first `accepted` of them; a pass
-        without drafts lets the estimate drift back toward the prior, so a policy that stopped
-        drafting tries again later."""
-        if proposed == 0:
-            self.kept = self.kept * _DECAY + _PRIOR_KEPT * (1 - _DECAY)
-            self.rejected = self.rejected * _DECAY + _PRIOR_REJECTED * (1 - _DECAY)
-            return
-        self.kept = self.kept * _DECAY + accepted
-        self.rejected = self.rejected * _DECAY + (1 if accepted < proposed else 0)
+        """A pass verified a chain of `proposed` drafts and kept the first `accepted`."""
+        self._update({0: (accepted, 1 if accepted < proposed else 0)} if proposed else {})
+
+    def record_tree(self, tree: DraftTree, kept: list[int]) -> None:
+        """A pass verified `tree` and kept the nodes `kept` (a path from the root): each node
+        whose parent was kept and whose earlier siblings were not is evidence for its rank."""
+        on_path = {-1, *kept}
+        seen: dict[int, list[int]] = {}
+        for parent, children in _children(tree).items():
+            if parent not in on_path:
+                continue
+            for rank, node in enumerate(children):
+                counts = seen.setdefault(min(rank, _RANKS - 1), [0, 0])
+                if node in on_path:
+                    counts[0] += 1
+                    break
+                counts[1] += 1
+        self._update({rank: (kept_, rejected) for rank, (kept_, rejected) in seen.items()})
+
+    def select(self, tree: DraftTree, limit: int) -> DraftTree:
+        """The subtree of at most `limit` nodes with the most expected tokens per second:
+        nodes are taken best first among those whose parent and earlier siblings are taken
+        (so every node keeps its rank), and the count with the best E / cost is kept."""
+        values: list[float] = []
+        # parent -> (children so far, the chance that all of them miss)
+        siblings: dict[int, tuple[int, float]] = {}
+        for parent in tree.parents:
+            rank, missed = siblings.get(parent, (0, 1.0))
+            rate = self.rate(rank)
+            values.append(missed * rate * (1.0 if parent < 0 else values[parent]))
+            siblings[parent] = (rank + 1, missed * (1.0 - rate))
+        children = _children(tree)
+        next_sibling = {node: group[i + 1] for group in children.values()
+                        for i, node in enumerate(group[:-1])}
+        ready = [(-values[node], node) for node in children.get(-1, [])[:1]]
+        taken: list[int] = []
+        best_count, best_rate, expected = 0, 1.0 / self.pass_costs[0], 1.0
+        while ready and len(taken) < min(limit, len(self.pass_costs) - 1):
+            value, node = heapq.heappop(ready)
+            taken.append(node)
+            expected -= value
+            rate = expected / self.pass_costs[len(taken)]
+            if rate > best_rate:
+                best_count, best_rate = len(taken), rate
+            for follower in (children.get(node, [None])[0], next_sibling.get(node)):
+                if follower is not None:
+                    heapq.heappush(ready, (-values[follower], follower))
+        chosen = sorted(taken[:best_count])
+        index = {node: i for i, node in enumerate(chosen)}
+        return DraftTree(tuple(tree.tokens[node] for node in chosen),
+                         tuple(index.get(tree.parents[node], -1) for node in chosen))
 
     def depth(self, limit: int) -> int:
         """The number of drafts (0..limit) with the most expected tokens per second."""

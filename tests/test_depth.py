@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import exactdraft as xd
 from exactdraft.depth import DepthPolicy, measure_pass_costs
+from exactdraft.drafters.base import DraftTree
 from tests.exactness import ExactnessCheck, OracleDrafter
 
 
@@ -72,3 +75,88 @@ def test_measured_costs_and_adaptive_generation_stay_exact(tiny_targets):
 def test_negative_control_adaptive_generation(inexact_targets):
     """The same comparison fails on a backend whose multi-row passes are off by ulps."""
     adaptive_and_fixed(inexact_targets(), False).assert_caught()
+
+
+# -- token trees -----------------------------------------------------------------------------
+
+# Two candidates per depth, the first listed the drafter's favourite: node 2 d is the first
+# child at depth d, node 2 d + 1 its sibling; both hang from the first child above.
+WIDE = DraftTree(tuple(range(100, 108)), (-1, -1, 0, 0, 2, 2, 4, 4))
+
+
+def first_children_win(policy: DepthPolicy, passes: int) -> None:
+    for _ in range(passes):
+        policy.record_tree(WIDE, [0, 2, 4, 6])
+
+
+def second_children_win(policy: DepthPolicy, passes: int) -> None:
+    """The sibling is kept where the first child was not (a path 1: node 1 ends it)."""
+    for _ in range(passes):
+        policy.record_tree(WIDE, [1])
+
+
+def test_siblings_that_never_win_are_dropped():
+    policy = DepthPolicy([1.0 + 0.05 * w for w in range(9)])
+    assert not policy.select(WIDE, 8).is_chain  # the prior tries siblings
+    for _ in range(20):  # the first child wins every other pass; a sibling never does
+        first_children_win(policy, 1)
+        policy.record_tree(WIDE, [])
+    assert 0.3 < policy.rate(0) < 0.9 and policy.rate(1) < 0.2
+    chosen = policy.select(WIDE, 8)
+    assert chosen.is_chain and list(chosen.tokens) == WIDE.first_path()[:len(chosen)]
+    assert len(chosen) >= 1
+
+
+def test_a_first_child_that_always_wins_needs_no_sibling():
+    policy = DepthPolicy([1.0 + 0.05 * w for w in range(9)])
+    first_children_win(policy, 40)
+    assert policy.rate(0) > 0.9
+    assert list(policy.select(WIDE, 8).tokens) == WIDE.first_path()
+
+
+def test_negative_control_siblings_that_win_are_kept():
+    policy = DepthPolicy([1.0 + 0.05 * w for w in range(9)])
+    second_children_win(policy, 40)
+    assert policy.rate(1) > 0.9
+    chosen = policy.select(WIDE, 8)
+    assert 101 in chosen.tokens and not chosen.is_chain
+
+
+def test_costly_passes_keep_fewer_nodes():
+    cheap, costly = DepthPolicy([1.0] * 9), DepthPolicy([1.0 + 0.6 * w for w in range(9)])
+    for policy in (cheap, costly):
+        first_children_win(policy, 3)
+    assert len(costly.select(WIDE, 8)) < len(cheap.select(WIDE, 8)) == 8
+
+
+def paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    """Every node's tokens from the root."""
+    out: list[tuple[int, ...]] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        out.append((() if parent < 0 else out[parent]) + (token,))
+    return set(out)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_selection_is_a_subtree_within_the_limit(seed):
+    rng = random.Random(seed)
+    parents: list[int] = []
+    for node in range(rng.randrange(1, 15)):
+        parents.append(rng.randrange(-1, node))
+    tree = DraftTree(tuple(rng.sample(range(1000), len(parents))), tuple(parents))
+    policy = DepthPolicy([1.0 + rng.random() * 0.2 * w for w in range(12)])
+    for _ in range(rng.randrange(10)):
+        policy.record_tree(tree, [])
+    limit = rng.randrange(0, 12)
+    chosen = policy.select(tree, limit)
+    assert len(chosen) <= limit
+    assert paths(chosen) <= paths(tree)
+
+
+def test_a_chain_is_selected_as_deep_as_depth_says():
+    chain = DraftTree.chain(list(range(10, 18)))
+    for costs in ([1.0, 1.1, 1.2, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0], [1.0 + 0.3 * w for w in range(9)]):
+        policy = DepthPolicy(costs)
+        for passes in range(4):
+            policy.record(8, passes)
+            assert len(policy.select(chain, 8)) == policy.depth(8)

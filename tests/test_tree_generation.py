@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 import exactdraft as xd
+from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftTree
 
 # Short prompts for the oracle drafter; long random ones (the tiny vocabulary has 128 tokens)
@@ -169,3 +170,59 @@ def test_a_chain_only_drafter_never_runs_tree_passes(cpu_target):
     assert not generator.trees and generator.tree_note is None
     drafted, serial = runs(generator, PROMPTS[0], 1.0, {"seed": 1})
     assert same(drafted, serial) and drafted.stats.tree_passes == 0
+
+
+class FirstChoiceDrafter(OracleTreeDrafter):
+    """Trees whose first child at each depth is the serial token 70% of the time (else two
+    wrong tokens end the tree): a sibling never wins."""
+
+    def propose(self, sequence, limit):
+        done = len(sequence) - self.prompt_length
+        tokens, parents, parent = [], [], -1
+        for token in self.serial[done:done + limit]:
+            if len(tokens) + 2 > limit:
+                break
+            wrong = (token + 1 + self.random.randrange(62)) % 64
+            right = self.random.random() < 0.7
+            tokens.extend([token if right else wrong, (wrong + 1) % 64])
+            parents.extend([parent, parent])
+            if not right or (wrong + 1) % 64 == token:
+                break
+            parent = len(tokens) - 2
+        return DraftTree(tuple(tokens), tuple(parents))
+
+
+def adaptive(generator):
+    """The generator with fixed pass costs (each row adds a tenth of a step), so the policy's
+    choices do not depend on this machine's timings."""
+    generator.depth_policy = DepthPolicy([1.0 + 0.1 * width for width in range(7)])
+    return generator
+
+
+@pytest.mark.parametrize("kind", [OracleTreeDrafter, FirstChoiceDrafter])
+def test_adaptive_trees_write_the_serial_tokens_and_follow_acceptance(cpu_target, kind):
+    """The policy picks each pass's nodes: the tokens stay serial's; a drafter whose siblings
+    never win gets chains (fewer nodes per pass than fixed trees), one whose second choices
+    win keeps its trees (the negative control)."""
+    nodes = {True: 0, False: 0}
+    passes = {True: 0, False: 0}
+    for index, prompt in enumerate(PROMPTS):
+        for temperature, extra in CASES:
+            probe = xd.Generator(cpu_target)
+            serial = probe.generate(prompt, 24, temperature=temperature, logprobs=3, **extra)
+            for policy in (True, False):
+                drafter = kind(serial.tokens, len(prompt), seed=index)
+                generator = xd.Generator(cpu_target, drafter, adaptive_depth=policy,
+                                         strict=True)
+                if policy:
+                    adaptive(generator)
+                drafted = generator.generate(prompt, 24, temperature=temperature, logprobs=3,
+                                             **extra)
+                assert same(drafted, serial), (kind, policy, prompt, temperature, extra)
+                nodes[policy] += drafted.stats.drafted
+                passes[policy] += drafted.stats.tree_passes
+    assert passes[False] > 0
+    if kind is FirstChoiceDrafter:
+        assert passes[True] < passes[False] / 2, passes
+    else:
+        assert passes[True] > passes[False] * 3 / 4, passes

@@ -37,6 +37,7 @@ from exactdraft.drafters.head_model import (
     HeadCache,
     HeadWeights,
     head_rows,
+    layer_of,
     matrices,
     numpy_linear,
     read_config,
@@ -114,8 +115,8 @@ class DraftHead:
             raise ParameterError(f"weights_format must be one of {FORMATS}, got "
                                  f"{weights_format!r}")
         if not getattr(target, "returns_features", False):
-            raise ParameterError(f"{target!r} cannot return its features (a DecoderModel "
-                                 "can); a draft head needs them")
+            raise ParameterError(f"{target!r} cannot return its features (DecoderModel and "
+                                 "HybridModel can); a draft head needs them")
         c = weights.config
         digest = target.weights_digest()
         if c.target_digest != digest:
@@ -125,7 +126,7 @@ class DraftHead:
                 f"weights digest {c.target_digest[:12]}), not for {target!r} (digest "
                 f"{digest[:12]}); train one for it with `exactdraft train-drafter`")
         if c.target_vocab_size != target.vocab_size or \
-                c.hidden_size != target.config.hidden_size:
+                c.hidden_size != layer_of(target).hidden_size:
             raise CheckpointError(f"{source}: the head's shapes do not fit {target!r}")
         self.target = target
         self.weights = weights

@@ -65,8 +65,9 @@ class HeadConfig:
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int,
                    intermediate_size: int | None = None, **extra: Any) -> HeadConfig:
-        """A head shaped like one layer of `target` (a DecoderModel)."""
-        c = target.config
+        """A head shaped like one layer of `target` (a DecoderModel's config; a HybridModel's
+        head_shape: an attention layer with a dense MLP at its width)."""
+        c = layer_of(target)
         name = os.path.basename(str(c.source))
         if name == "config.json":  # a checkpoint folder: its name
             name = os.path.basename(os.path.dirname(os.path.abspath(str(c.source))))
@@ -76,6 +77,12 @@ class HeadConfig:
                    draft_vocab_size=draft_vocab_size, target_digest=target.weights_digest(),
                    target_vocab_size=target.vocab_size, rms_norm_eps=float(c.rms_norm_eps),
                    rope_theta=float(c.rope_theta), target_name=name, **extra)
+
+
+def layer_of(target: Any) -> Any:
+    """What a head copies from its target: hidden_size, heads, head_dim, MLP size, eps, rope."""
+    shape = getattr(target, "head_shape", None)
+    return shape if shape is not None else target.config
 
 
 @dataclass

@@ -105,6 +105,14 @@ def tensor_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
 
 
+def output_rows(table: Any, ids: np.ndarray, stored: bool) -> Any:
+    """Rows `ids` of an output table: float32, or with `stored` blocks stay blocks."""
+    if stored and isinstance(table, QuantizedTensor):
+        return QuantizedTensor(table.format, np.ascontiguousarray(table.data[ids]),
+                               (ids.size, table.shape[1]))
+    return embedding_rows(table, ids)
+
+
 def embedding_rows(table: Any, ids: np.ndarray) -> np.ndarray:
     """float32 rows [len(ids), H] of an embedding table, dequantizing only those rows."""
     take = getattr(table, "take_rows", None)
@@ -387,11 +395,7 @@ class DecoderModel:
         backend.matrix."""
         n = self.names
         table = self._tensors[n.embedding if self.config.tie_word_embeddings else n.lm_head]
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if stored and isinstance(table, QuantizedTensor):
-            return QuantizedTensor(table.format, np.ascontiguousarray(table.data[ids]),
-                                   (ids.size, table.shape[1]))
-        return embedding_rows(table, ids)
+        return output_rows(table, np.asarray(ids, dtype=np.int64).reshape(-1), stored)
 
     def weights_digest(self) -> str:
         if self._digest is None:

@@ -11,7 +11,8 @@ state; recurrent.py). A block is h = h + mixer(rms_norm(h, norm)); a family modu
 blocks from its checkpoint and hands them over as a Trunk.
 
 For an MTP drafter the model can keep the final hidden rows (the inputs of lm_head) of the
-positions it has run (`keep_hidden`); that changes no logit, since the final norm is row
+positions it has run (`keep_hidden`), and a pass asked for `features=True` returns them for
+every appended row (for a DraftHead); neither changes a logit, since the final norm is row
 invariant whether it runs over every row or over the last.
 """
 
@@ -27,7 +28,7 @@ import numpy as np
 from exactdraft.backends.base import Backend
 from exactdraft.errors import ParameterError
 from exactdraft.models.cache import KVCache
-from exactdraft.models.decoder import embedding_rows
+from exactdraft.models.decoder import embedding_rows, output_rows
 from exactdraft.models.mixers import PassContext, SequencePass
 from exactdraft.models.recurrent import HybridState
 from exactdraft.models.target import Rows
@@ -40,6 +41,21 @@ REPLAY_CHUNK = 512  # rows per pass when truncation replays tokens
 class Block:
     norm: Any  # backend vector, the block's input RMS norm weight
     mixer: Any  # has run(backend, x, PassContext) -> rows
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """One attention layer with a dense MLP at the model's width: the shape a draft head built
+    for the model copies (exactdraft.drafters.head_model.HeadConfig.for_target)."""
+
+    source: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
 
 
 @dataclass
@@ -61,6 +77,8 @@ class Trunk:
     head_dim: int
     digest: Any  # () -> sha256 hex of the weights used
     mtp: Any = None  # an MTPHead when the checkpoint ships one
+    output: Any = None  # host lm_head table [V, H] as stored, for draft heads
+    head_shape: HeadShape | None = None  # for draft heads
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -142,15 +160,21 @@ class HybridModel:
         for begin in range(0, len(kept), REPLAY_CHUNK):
             self.forward(state, kept[begin:begin + REPLAY_CHUNK])
 
-    def forward(self, state: HybridState, tokens: Sequence[int],
-                rows: Rows = "last") -> np.ndarray:
+    def forward(self, state: HybridState, tokens: Sequence[int], rows: Rows = "last",
+                features: bool = False) -> Any:
+        """Logits [R, vocab] of the appended tokens; with `features=True` the pair (logits,
+        features [len(tokens), hidden]: the final normed hidden row of every appended token)."""
+        if features:
+            logits, hidden = self.forward_batch([state], [tokens], rows, features=True)
+            return logits[0], hidden[0]
         return self.forward_batch([state], [tokens], rows)[0]
 
     def forward_batch(self, states: Sequence[HybridState],
-                      token_lists: Sequence[Sequence[int]], rows: Rows = "last"
-                      ) -> list[np.ndarray]:
+                      token_lists: Sequence[Sequence[int]], rows: Rows = "last",
+                      features: bool = False) -> Any:
         """Append each token list to its own state in one pass and return each sequence's
-        logits [R_i, vocab]; every row has the bits it gets when its sequence runs alone."""
+        logits [R_i, vocab] (with `features=True`, the pair of that list and each sequence's
+        features); every row has the bits it gets when its sequence runs alone."""
         if rows not in ("last", "all"):
             raise ParameterError(f"rows must be 'last' or 'all', got {rows!r}")
         if len(states) != len(token_lists) or not states:
@@ -176,24 +200,29 @@ class HybridModel:
                               [part.row_states[self.recurrent[s].slot] for s in slots])
         sizes = [part.count for part in parts]
         ends = np.cumsum(sizes)
-        if self.keep_hidden:
+        every = self.keep_hidden or features  # every row normed, not only the last ones
+        if every:
             normed = be.rms_norm(hidden, t.final_norm, t.eps)
             host = be.to_host(normed)
-            for part, end in zip(parts, ends):
-                part.state.log_hidden(part.start, host[end - part.count:end])
+            if self.keep_hidden:
+                for part, end in zip(parts, ends):
+                    part.state.log_hidden(part.start, host[end - part.count:end])
         if rows == "last":
             last = (ends - 1).tolist()
-            source = normed if self.keep_hidden else hidden
+            source = normed if every else hidden
             hidden = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
                 else source[last[0]:last[0] + 1]
             sizes = [1] * len(parts)
-        elif self.keep_hidden:
+        elif every:
             hidden = normed
-        if not self.keep_hidden:
+        if not every:
             hidden = be.rms_norm(hidden, t.final_norm, t.eps)
         logits = be.to_host(be.linear(hidden, t.lm_head))
         bounds = np.cumsum([0, *sizes])
-        return [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+        split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+        if not features:
+            return split
+        return split, [host[end - part.count:end] for part, end in zip(parts, ends)]
 
     def weights_digest(self) -> str:
         if self._digest is None:
@@ -201,6 +230,27 @@ class HybridModel:
         return self._digest
 
     # -- for drafters that read the target's hidden rows ------------------------------------
+
+    # forward(..., features=True) returns each appended row's final hidden state.
+    returns_features = True
+
+    @property
+    def head_shape(self) -> HeadShape:
+        if self.trunk.head_shape is None:
+            raise ParameterError(f"{self!r} does not describe the layer a draft head copies")
+        return self.trunk.head_shape
+
+    def embedding_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """float32 rows [len(ids), hidden] of the input embedding table."""
+        return embedding_rows(self.trunk.embedding, np.asarray(ids, dtype=np.int64).reshape(-1))
+
+    def output_rows(self, ids: Sequence[int] | np.ndarray, stored: bool = False) -> Any:
+        """Rows [len(ids), hidden] of the output matrix (lm_head), float32, or with `stored`
+        in the checkpoint's own format (blocks stay blocks), for backend.matrix."""
+        table = self.trunk.output
+        if table is None:
+            raise ParameterError(f"{self!r} keeps no host copy of its output matrix")
+        return output_rows(table, np.asarray(ids, dtype=np.int64).reshape(-1), stored)
 
     def state_holding(self, tokens: Sequence[int]) -> HybridState | None:
         """A live state of this model that holds exactly `tokens`, if any."""

@@ -30,7 +30,7 @@ import numpy as np
 from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader
-from exactdraft.models.hybrid import Block, HybridModel, Trunk
+from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
 from exactdraft.models.llama import gguf_special_tokens, rope_row_order, take_rows
 from exactdraft.models.mamba2 import Mamba2
 from exactdraft.models.mixers import (
@@ -313,14 +313,18 @@ def build(config: NemotronHConfig, tensors: Mapping[str, Any], backend: Any,
                             mixer))
     embedding = reader.array(root + "embeddings.weight", (c.vocab_size, hidden))
     head = root + "embeddings.weight" if c.tie_word_embeddings else "lm_head.weight"
+    output = reader.get(head, (c.vocab_size, hidden))
     trunk = Trunk(
         model_type="nemotron_h", source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
         eps=c.eps, embedding=embedding,
         final_norm=norm_vector(be, reader, root + "norm_f.weight", hidden),
-        lm_head=be.matrix(reader.get(head, (c.vocab_size, hidden))), blocks=blocks,
+        lm_head=be.matrix(output), blocks=blocks,
         kv_layers=kv_slot, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-        digest=reader.digest)
+        digest=reader.digest, output=output,
+        # Its attention layers have no rotary embedding; a head's own takes the usual base.
+        head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
+                             c.intermediate_size or c.expert_size, c.eps, 10000.0))
     return HybridModel(trunk, be, max_context)
 
 

@@ -30,7 +30,7 @@ from exactdraft.models.config import (
     rope_scaling_from_hf,
     rope_theta_from_hf,
 )
-from exactdraft.models.hybrid import Block, HybridModel, Trunk
+from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
 from exactdraft.models.llama import (
     gguf_rope_scaling,
     gguf_special_tokens,
@@ -241,14 +241,17 @@ def build(config: MoEConfig, tensors: Mapping[str, Any], backend: Any,
                                         hidden), mlp))
     embedding = reader.array("model.embed_tokens.weight", (c.vocab_size, hidden))
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    output = reader.get(head, (c.vocab_size, hidden))
     trunk = Trunk(
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
         eps=c.rms_norm_eps, embedding=embedding,
         final_norm=norm_vector(be, reader, "model.norm.weight", hidden),
-        lm_head=be.matrix(reader.get(head, (c.vocab_size, hidden))), blocks=blocks,
+        lm_head=be.matrix(output), blocks=blocks,
         kv_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-        digest=reader.digest)
+        digest=reader.digest, output=output,
+        head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
+                             c.dense_size or c.expert_size, c.rms_norm_eps, c.rope_theta))
     return HybridModel(trunk, be, max_context)
 
 

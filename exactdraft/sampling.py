@@ -277,18 +277,28 @@ class KeyedSampler:
                              f"got {len(drafts)}")
         if params.temperature > 0 and params.seed is None:
             raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
-        past = np.asarray(history, dtype=np.int64)
-        n_prompt = len(past) if n_prompt is None else n_prompt
-        if not 0 <= n_prompt <= len(past):
-            raise ValueError(f"n_prompt {n_prompt} is outside [0, {len(past)}] (history length)")
+        n_prompt = len(history) if n_prompt is None else n_prompt
+        if not 0 <= n_prompt <= len(history):
+            raise ValueError(f"n_prompt {n_prompt} is outside [0, {len(history)}] (history "
+                             "length)")
         if params.temperature == 0 and not params.logit_bias and not params.uses_history:
             # Widening float32 to float64 keeps the order and ties, so one argmax serves all rows.
             if np.isnan(rows).any():
                 raise ValueError("logits rows contain NaN")
             return _accept_while_equal(np.argmax(rows, axis=1).tolist(), drafts)
+        # Without bias and penalties step 2 only widens the row to float64, exactly, which the
+        # extension does itself (float32 rows), with the same NaN error.
+        plain = self.native and params.temperature > 0 and not params.logit_bias and \
+            not params.uses_history and rows.dtype == np.float32
         tokens: list[int] = []
         for j, row in enumerate(rows):
-            row_history = np.concatenate([past, np.asarray(drafts[:j], dtype=np.int64)])
+            if plain:
+                token = sampling_native.draw(np.ascontiguousarray(row), params, pos + j)
+                tokens.append(token)
+                if j >= len(drafts) or token != drafts[j]:
+                    break
+                continue
+            row_history = np.asarray([*history, *drafts[:j]], dtype=np.int64)
             x = self.processed(row, params, row_history, n_prompt)
             if params.temperature == 0:
                 token = int(np.argmax(x))

@@ -46,8 +46,8 @@ def unavailable_reason() -> str | None:
 
 
 def draw(x: Any, params: SamplingParams, pos: int) -> int:
-    """Steps 3-9 of SAMPLER.md on x, the row after step 2 (a C-contiguous 1-D float64 array),
-    for the token at absolute position `pos`."""
+    """Steps 3-9 of SAMPLER.md on x, the row after step 2 (a C-contiguous 1-D float64 array,
+    or float32, which is widened exactly), for the token at absolute position `pos`."""
     if _native is None:
         raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
     if params.temperature > 0 and params.seed is None:

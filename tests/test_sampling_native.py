@@ -245,7 +245,9 @@ def test_a_uniform_of_one_fails_where_numpy_fails():
 
 @pytest.mark.parametrize("bad,message", [
     (np.array([0.0, 1.0, np.nan, 2.0, np.nan]), "NaN at token 2"),
-    (np.zeros(4, dtype=np.float32), "float64"),
+    (np.zeros(4, dtype=np.float16), "float64 or float32"),
+    (np.zeros(4, dtype=np.int64), "float64 or float32"),
+    (np.array([0.0, np.nan], dtype=np.float32), "NaN at token 1"),
     (np.zeros(8)[::2], "C-contiguous"),
     (np.zeros((2, 3)), "1-D"),
     (np.zeros(0), "between 1 and"),
@@ -254,6 +256,47 @@ def test_a_uniform_of_one_fails_where_numpy_fails():
 def test_bad_rows_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         sampling_native.draw(bad, SamplingParams(temperature=1.0, seed=1), 0)
+
+
+@pytest.mark.parametrize("settings_", [s for s in FULL_SETTINGS if s["temperature"] > 0])
+def test_float32_rows_are_widened_exactly(settings_):
+    """A float32 row draws what its float64 widening draws (the extension widens it itself);
+    the row is only read."""
+    params = SamplingParams(seed=515, **settings_)
+    row = (realistic_row(8) * np.float32(0.25)).astype(np.float32)  # several likely tokens
+    before = row.tobytes()
+    tokens = set()
+    for pos in range(0, 60, 6):
+        token = sampling_native.draw(row, params, pos)
+        assert token == sampling_native.draw(row.astype(np.float64), params, pos) == \
+            numpy_draw(row.astype(np.float64), params, pos)
+        tokens.add(token)
+    assert row.tobytes() == before
+    assert len(tokens) > 1  # the positions' draws differ: the comparison can see a change
+
+
+def test_plain_windows_skip_step_two_and_match_the_numpy_sampler(monkeypatch):
+    """Without bias or penalties the sampler hands float32 rows to the extension as they are
+    (processed() is never called) and writes the tokens the numpy sampler writes, drafts
+    kept up to the first difference; with a penalty step 2 runs again."""
+    rows = np.stack([realistic_row(20 + j) for j in range(5)])
+    native, numpy_sampler = KeyedSampler(native=True), KeyedSampler(native=False)
+    plain = SamplingParams(temperature=0.8, seed=6)
+    history = list(range(40))
+    reference = [numpy_sampler.sample(rows[j], plain, pos=40 + j, history=history)
+                 for j in range(5)]
+    drafts = reference[:3] + [(reference[3] + 1) % rows.shape[1]]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("processed() ran on a plain window")
+
+    monkeypatch.setattr(native, "processed", refuse)
+    got = native.sample_window(rows, plain, pos=40, history=history, drafts=drafts)
+    assert got == reference[:4] == numpy_sampler.sample_window(rows, plain, pos=40,
+                                                               history=history, drafts=drafts)
+    penalised = SamplingParams(temperature=0.8, seed=6, repetition_penalty=1.3)
+    with pytest.raises(AssertionError, match="processed"):
+        native.sample_window(rows, penalised, pos=40, history=history, drafts=drafts)
 
 
 @pytest.mark.parametrize("index,value,match", [
@@ -333,28 +376,66 @@ def test_negative_control_summation_order_changes_the_top_p_sum():
 
 
 def scan_draws(x, params, pos):
-    """The plain draw's token with the SIMD scan of the row (where the CPU has one) and with
-    the scalar scan."""
+    """The draw's token with the best scan of the row this CPU runs, then with each scan it
+    runs (scalar, AVX2, AVX-512)."""
     draw = native_module().draw
     return [draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
-                 params.seed or 0, pos & MASK, 0, scalar) for scalar in (0, 1)]
+                 params.seed or 0, pos & MASK, 0, scan) for scan in (0, *native_module().scans())]
 
 
 @pytest.mark.parametrize("settings_", [dict(temperature=0.7), dict(temperature=1.5),
                                        dict(temperature=1.0, min_p=0.05),
                                        dict(temperature=4.0)])
 def test_simd_and_scalar_scans_give_the_same_token(settings_):
-    """The plain draw (no top-k, no top-p) scans the row with SIMD where it can; the scalar
-    scan and the numpy path give the same token at every position, and the tokens do vary
-    with the position (negative control: the comparison can see a difference)."""
+    """The draw scans the row (its maximum, and for the plain draw its hashes) with SIMD where
+    it can; every scan and the numpy path give the same token at every position, and the
+    tokens do vary with the position (negative control: the comparison can see a
+    difference)."""
     params = SamplingParams(seed=77, **settings_)
     x = processed(realistic_row(5), params)
     tokens = []
     for pos in range(0, 400, 7):
-        simd, scalar = scan_draws(x, params, pos)
-        assert simd == scalar == numpy_draw(x, params, pos)
-        tokens.append(simd)
+        tokens_by_scan = scan_draws(x, params, pos)
+        assert set(tokens_by_scan) == {numpy_draw(x, params, pos)}
+        tokens.append(tokens_by_scan[0])
     assert len(set(tokens)) > 1
+
+
+def test_every_scan_finds_the_first_maximum_and_the_first_nan():
+    """The row's maximum decides s0, and its first index breaks ties: rows whose maximum is
+    repeated, sits in the tail past the last full vector, is -0.0 beside +0.0, or whose
+    NaN comes after a larger value, give every scan the numpy path's token or error."""
+    draw = native_module().draw
+    rows = []
+    bulk = realistic_row(9, 100).astype(np.float64)
+    for length in (1, 7, 8, 9, 23, 100):
+        row = bulk[:length].copy()
+        row[-1] = row.max() + 1.0  # the maximum in the tail
+        rows.append(row)
+        tie = row.copy()
+        tie[length // 2] = tie[-1]  # repeated: the first copy wins ties
+        rows.append(tie)
+    rows.append(np.array([-0.0, 0.0, -1.0] * 5))
+    for row in rows:
+        params = SamplingParams(temperature=0.7, seed=3)
+        for pos in range(5):
+            expected = numpy_draw(row, params, pos)
+            for scan in native_module().scans():
+                assert draw(row, 0.7, 0, 1.0, 0.0, 3, pos, 0, scan) == expected
+    nan_row = np.arange(40, dtype=np.float64)
+    nan_row[[17, 33]] = np.nan
+    for scan in native_module().scans():
+        with pytest.raises(ValueError, match="NaN at token 17"):
+            draw(nan_row, 0.7, 0, 1.0, 0.0, 3, 0, 0, scan)
+
+
+def test_a_scan_this_cpu_lacks_is_refused():
+    missing = [scan for scan in (1, 2, 3) if scan not in native_module().scans()]
+    with pytest.raises(ValueError, match="scan must be"):
+        native_module().draw(np.zeros(3), 0.7, 0, 1.0, 0.0, 3, 0, 0, 4)
+    for scan in missing:
+        with pytest.raises(ValueError, match=f"scan {scan} is not available"):
+            native_module().draw(np.zeros(3), 0.7, 0, 1.0, 0.0, 3, 0, 0, scan)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -368,9 +449,9 @@ def test_a_uniform_of_one_in_a_long_row_fails_only_when_kept(kept):
     row[token] = row.max() if kept else row.min() - 100.0
     params = SamplingParams(temperature=1.0, seed=seed)
     x = processed(row, params)
-    for scalar in (0, 1):
+    for scan in native_module().scans():
         draw = native_module().draw
-        arguments = (x, 1.0, 0, 1.0, 0.0, seed, 0, 0, scalar)
+        arguments = (x, 1.0, 0, 1.0, 0.0, seed, 0, 0, scan)
         if kept:
             with pytest.raises(ValueError, match=f"token {token} rounds to 1.0"):
                 draw(*arguments)

@@ -24,9 +24,10 @@
  * - top-p sums only what can move the cut (top_p.c);
  * - which tokens pass a bound on s = x / T is decided by x * fl(1 / T) where that is provably
  *   the same answer, by the division otherwise (scaled_at_least), and scores use the division;
- * - the plain draw (no top-k, no top-p) hashes the whole row in one branch-free scan, with AVX2
- *   where the CPU has it, and hands consider() only the tokens the cap test below lets through
- *   (open_candidates); the SIMD scan's caps are never below the scalar ones;
+ * - the plain draw (no top-k, no top-p) hashes the whole row in one branch-free scan, with
+ *   AVX-512 or AVX2 where the CPU has it, and hands consider() only the tokens the cap test
+ *   below lets through (open_candidates); the AVX2 scan's caps are never below the scalar
+ *   ones, the AVX-512 scan's are the scalar ones;
  * - noise is computed only for a candidate that could still reach the best score so far:
  *   u <= (k + 1) * 2**-53 for k = key >> 11, so g <= -log(1 - u) <= (53 - floor(log2(2**53 -
  *   1 - k))) * ln 2, and a candidate whose s plus that cap plus a rounding slack is below the
@@ -246,17 +247,125 @@ __attribute__((target("avx2"))) static int open_avx2(const struct contest *c,
 }
 #endif
 
+#if defined(HAVE_OPEN_AVX2)
+#define HAVE_OPEN_AVX512 1
+
+/* open_scalar eight tokens at a time (the rest by open_scalar), with the same hash, the same
+ * rough scores and the same caps: 53 - highest_bit(distance) is lzcnt(distance) - 10, and the
+ * cap (53 - bit) * ln 2 and the sum rough + cap + slack are the same double operations, so
+ * exactly open_scalar's tokens are let through. */
+__attribute__((target("avx512f,avx512dq,avx512cd,avx512vl"))) static int open_avx512(
+    const struct contest *c, const struct draw_request *r, const struct scaling *z,
+    double loose, uint32_t *hopeful, size_t *open)
+{
+    const double *x = r->x;
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ull);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBull);
+    const __m512i key = _mm512_set1_epi64((long long)c->position_key);
+    const __m512i last = _mm512_set1_epi64((long long)LAST_UNIFORM_INDEX);
+    const __m512i one = _mm512_set1_epi64(1), ten = _mm512_set1_epi64(10);
+    const __m512d scale = _mm512_set1_pd(z->approximate ? z->inverse : z->temperature);
+    const __m512d loose8 = _mm512_set1_pd(loose), best = _mm512_set1_pd(c->best_score);
+    const __m512d slack = _mm512_set1_pd(c->slack), ln2 = _mm512_set1_pd(LN2_ROUNDED_UP);
+    __m512i ids = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i ids32 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i step = _mm512_set1_epi64(8);
+    const __m256i step32 = _mm256_set1_epi32(8);
+    __mmask8 unit = 0;
+    size_t n = 0, i = 0;
+    /* hopeful[n .. n + 8) is written whole: n <= i and i + 8 <= vocab, the buffer's size. */
+    for (; i + 8 <= r->vocab; i += 8) {
+        const __m512d values = _mm512_loadu_pd(x + i);
+        const __m512d rough = z->approximate ? _mm512_mul_pd(values, scale)
+                                             : _mm512_div_pd(values, scale);
+        const __mmask8 near = _mm512_cmp_pd_mask(rough, loose8, _CMP_GE_OQ);
+        __m512i h = _mm512_xor_si512(key, ids);
+        h = _mm512_mullo_epi64(_mm512_xor_si512(h, _mm512_srli_epi64(h, 30)), m1);
+        h = _mm512_mullo_epi64(_mm512_xor_si512(h, _mm512_srli_epi64(h, 27)), m2);
+        const __m512i k = _mm512_srli_epi64(_mm512_xor_si512(h, _mm512_srli_epi64(h, 31)), 11);
+        const __mmask8 at_last = _mm512_cmpeq_epi64_mask(k, last);
+        unit |= near & at_last;
+        __m512i distance = _mm512_sub_epi64(last, k);
+        distance = _mm512_mask_add_epi64(distance, at_last, distance, one);
+        const __m512d lost =
+            _mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(distance), ten));
+        const __m512d reach = _mm512_add_pd(_mm512_add_pd(rough, _mm512_mul_pd(lost, ln2)),
+                                            slack);
+        const __mmask8 hope = near & _mm512_cmp_pd_mask(reach, best, _CMP_GE_OQ);
+        _mm256_storeu_si256((__m256i *)(hopeful + n), _mm256_maskz_compress_epi32(hope, ids32));
+        n += (size_t)__builtin_popcount(hope);
+        ids = _mm512_add_epi64(ids, step);
+        ids32 = _mm256_add_epi32(ids32, step32);
+    }
+    *open = n;
+    const int tail = open_scalar(c, r, z, loose, i, hopeful, open);
+    return tail || unit != 0;
+}
+#endif
+
+#if defined(HAVE_OPEN_AVX2)
+__attribute__((target("avx2"))) static void widen_avx2(const float *row, double *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, _mm256_cvtps_pd(_mm_loadu_ps(row + i)));
+    for (; i < n; i++) out[i] = (double)row[i];
+}
+#endif
+
+void widen_row(const float *row, double *out, size_t n)
+{
+#if defined(HAVE_OPEN_AVX2)
+    if (scan_available(SCAN_AVX2)) {
+        widen_avx2(row, out, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) out[i] = (double)row[i];
+}
+
+int scan_available(enum row_scan scan)
+{
+#if defined(HAVE_OPEN_AVX2)
+    __builtin_cpu_init(); /* idempotent; needed before __builtin_cpu_supports in a library */
+#endif
+    switch (scan) {
+    case SCAN_BEST:
+    case SCAN_SCALAR:
+        return 1;
+#if defined(HAVE_OPEN_AVX2)
+    case SCAN_AVX2:
+        return __builtin_cpu_supports("avx2");
+    case SCAN_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vl");
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* The scan `scan` stands for: SCAN_BEST is the best one this CPU runs. */
+static enum row_scan resolve_scan(enum row_scan scan)
+{
+    static enum row_scan best = SCAN_BEST; /* decided once: the GIL serializes the calls */
+    if (scan != SCAN_BEST) return scan;
+    if (best == SCAN_BEST)
+        best = scan_available(SCAN_AVX512) ? SCAN_AVX512
+               : scan_available(SCAN_AVX2) ? SCAN_AVX2 : SCAN_SCALAR;
+    return best;
+}
+
 static int open_candidates(const struct contest *c, const struct draw_request *r,
-                           const struct scaling *z, double lower, uint32_t *hopeful,
-                           size_t *open)
+                           enum row_scan scan, const struct scaling *z, double lower,
+                           uint32_t *hopeful, size_t *open)
 {
     const double loose = lower - margin_of(z, lower);
     *open = 0;
 #if defined(HAVE_OPEN_AVX2)
-    __builtin_cpu_init(); /* idempotent; needed before __builtin_cpu_supports in a library */
-    if (!r->scalar_scan && __builtin_cpu_supports("avx2"))
-        return open_avx2(c, r, z, loose, hopeful, open);
+    if (scan == SCAN_AVX512) return open_avx512(c, r, z, loose, hopeful, open);
+    if (scan == SCAN_AVX2) return open_avx2(c, r, z, loose, hopeful, open);
 #endif
+    (void)scan;
     return open_scalar(c, r, z, loose, 0, hopeful, open);
 }
 
@@ -379,6 +488,42 @@ static int first_maximum(const double *x, size_t n, size_t *index)
     return -nan;
 }
 
+#if defined(HAVE_OPEN_AVX512)
+/* first_maximum eight values at a time: the same index (the maximum is one of the values, and
+ * the first lane equal to it, or the first NaN, is found in index order). */
+__attribute__((target("avx512f,avx512dq,avx512cd,avx512vl"))) static int first_maximum_avx512(
+    const double *x, size_t n, size_t *index)
+{
+    __m512d top = _mm512_set1_pd(x[0]);
+    __mmask8 nan = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512d values = _mm512_loadu_pd(x + i);
+        nan |= _mm512_cmp_pd_mask(values, values, _CMP_UNORD_Q);
+        top = _mm512_max_pd(top, values);
+    }
+    double best = _mm512_reduce_max_pd(top);
+    int any_nan = nan != 0;
+    for (; i < n; i++) {
+        any_nan |= x[i] != x[i];
+        best = x[i] > best ? x[i] : best;
+    }
+    const __m512d wanted = _mm512_set1_pd(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m512d values = _mm512_loadu_pd(x + i);
+        const __mmask8 hit = any_nan ? _mm512_cmp_pd_mask(values, values, _CMP_UNORD_Q)
+                                     : _mm512_cmp_pd_mask(values, wanted, _CMP_EQ_OQ);
+        if (hit) {
+            *index = i + (size_t)__builtin_ctz(hit);
+            return -any_nan;
+        }
+    }
+    for (; any_nan ? x[i] == x[i] : !(x[i] == best); i++) continue;
+    *index = i;
+    return -any_nan;
+}
+#endif
+
 static struct draw_result outcome(enum draw_status status, size_t index, double value)
 {
     struct draw_result result = {status, index, value};
@@ -389,7 +534,14 @@ struct draw_result draw(const struct draw_request *r)
 {
     const double *x = r->x, temperature = r->temperature;
     size_t top = 0;
-    if (first_maximum(x, r->vocab, &top)) return outcome(DRAW_NAN, top, 0.0);
+    const enum row_scan scan = resolve_scan(r->scan);
+#if defined(HAVE_OPEN_AVX512)
+    const int nan = scan == SCAN_AVX512 ? first_maximum_avx512(x, r->vocab, &top)
+                                        : first_maximum(x, r->vocab, &top);
+#else
+    const int nan = first_maximum(x, r->vocab, &top);
+#endif
+    if (nan) return outcome(DRAW_NAN, top, 0.0);
     if (temperature == 0.0) return outcome(DRAW_OK, top, 0.0);
     const double best_x = x[top], s0 = best_x / temperature;
     if (!isfinite(s0)) return outcome(DRAW_NO_FINITE_MAXIMUM, 0, s0);
@@ -405,7 +557,7 @@ struct draw_result draw(const struct draw_request *r)
         const double lower = keep_from > window ? keep_from : window;
         uint32_t *ids = scratch.ids[0];
         size_t open = 0;
-        if (open_candidates(&contest, r, &z, lower, ids, &open)) {
+        if (open_candidates(&contest, r, scan, &z, lower, ids, &open)) {
             size_t count = scaled_at_least(r, &z, lower, ids);
             for (size_t j = 0; j < count; j++)
                 if (consider(&contest, ids[j], rough_scaled(&z, x[ids[j]])))

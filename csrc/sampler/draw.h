@@ -13,6 +13,15 @@ enum top_p_path {
     TOP_P_BOUNDED = 2,    /* bracket the sum's tail, fall back to exhaustive when undecided */
 };
 
+/* The plain draw's scans of the row: SCAN_BEST is the best one the CPU runs. */
+enum row_scan { SCAN_BEST, SCAN_SCALAR, SCAN_AVX2, SCAN_AVX512, SCAN_COUNT };
+
+/* out[i] = (double)row[i] for i < n (exact). */
+void widen_row(const float *row, double *out, size_t n);
+
+/* Whether this build and CPU run `scan`. */
+int scan_available(enum row_scan scan);
+
 struct draw_request {
     const double *x;
     size_t vocab; /* 1 <= vocab <= UINT32_MAX */
@@ -20,7 +29,7 @@ struct draw_request {
     double temperature, top_p, min_p;
     uint64_t seed, pos;
     enum top_p_path top_p_path;
-    int scalar_scan; /* 1: the plain draw scans without SIMD (tests; the same token) */
+    enum row_scan scan; /* how the plain draw scans the row (tests pick one; the same token) */
 };
 
 enum draw_status {

@@ -1,5 +1,6 @@
 /* The Python module exactdraft._sampler: SAMPLER.md's draw (steps 3-9) on a processed float64
- * logits row, computed by draw.c.
+ * logits row (or a float32 row, widened exactly: step 2 without bias or penalties), computed by
+ * draw.c.
  *
  * Invariant: the entry point only checks and unpacks its arguments and turns draw()'s failures
  * into ValueError; the token is draw()'s. draw() reuses module-wide scratch memory, so it runs
@@ -11,6 +12,7 @@
 #include <math.h>
 
 #include "float64_math.h"
+#include <stdlib.h>
 #include <string.h>
 
 #include "draw.h"
@@ -55,37 +57,58 @@ static int take_size(PyObject *arg, const char *name, size_t maximum, const char
     return -1;
 }
 
-static int is_float64_format(const char *format)
+/* The struct-module item of a buffer's format ('d', 'f'), 0 when it is anything else. */
+static char item_of(const char *format)
 {
     if (!format) return 0;
     if (*format == '@' || *format == '=' || *format == (PY_LITTLE_ENDIAN ? '<' : '>')) format++;
-    return strcmp(format, "d") == 0;
+    return (format[0] == 'd' || format[0] == 'f') && format[1] == '\0' ? format[0] : 0;
 }
 
-/* The row as a C-contiguous 1-D float64 buffer, or -1 with ValueError set. */
-static int take_row(PyObject *arg, Py_buffer *view)
+/* The row as a C-contiguous 1-D float64 buffer (or float32 where `floats` allows it: the
+ * caller widens it), or -1 with ValueError set. */
+static int take_row(PyObject *arg, Py_buffer *view, int floats)
 {
+    const char *wanted = floats ? "float64 or float32" : "float64";
     if (PyObject_GetBuffer(arg, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         PyObject *type, *why, *trace;
         PyErr_Fetch(&type, &why, &trace);
-        PyErr_Format(PyExc_ValueError, "x must be a C-contiguous 1-D float64 array; the %.100s "
-                     "given is refused: %S", Py_TYPE(arg)->tp_name, why ? why : Py_None);
+        PyErr_Format(PyExc_ValueError, "x must be a C-contiguous 1-D %s array; the %.100s "
+                     "given is refused: %S", wanted, Py_TYPE(arg)->tp_name, why ? why : Py_None);
         Py_XDECREF(type);
         Py_XDECREF(why);
         Py_XDECREF(trace);
         return -1;
     }
-    if (view->ndim == 1 && view->itemsize == 8 && is_float64_format(view->format) &&
-        view->shape[0] >= 1 && (uint64_t)view->shape[0] <= UINT32_MAX)
+    const char item = item_of(view->format);
+    const int typed = (item == 'd' && view->itemsize == 8) ||
+                      (floats && item == 'f' && view->itemsize == 4);
+    if (view->ndim == 1 && typed && view->shape[0] >= 1 &&
+        (uint64_t)view->shape[0] <= UINT32_MAX)
         return 0;
-    if (view->ndim != 1 || view->itemsize != 8 || !is_float64_format(view->format))
-        PyErr_Format(PyExc_ValueError, "x must be a 1-D float64 array, got %d-D items of "
-                     "format '%s'", view->ndim, view->format ? view->format : "B");
+    if (view->ndim != 1 || !typed)
+        PyErr_Format(PyExc_ValueError, "x must be a 1-D %s array, got %d-D items of "
+                     "format '%s'", wanted, view->ndim, view->format ? view->format : "B");
     else
         PyErr_Format(PyExc_ValueError, "x must hold between 1 and 2**32 - 1 logits, got %zd",
                      view->shape[0]);
     PyBuffer_Release(view);
     return -1;
+}
+
+/* A float32 row widened to float64 (exact), in memory kept from call to call. */
+static const double *widened(const float *row, size_t n)
+{
+    static double *buffer;
+    static size_t capacity;
+    if (n > capacity) {
+        double *grown = realloc(buffer, n * sizeof *grown);
+        if (!grown) return NULL;
+        buffer = grown;
+        capacity = n;
+    }
+    widen_row(row, buffer, n);
+    return buffer;
 }
 
 static PyObject *raise_failure(struct draw_result result)
@@ -112,12 +135,12 @@ static PyObject *raise_failure(struct draw_result result)
     }
 }
 
-/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scalar_scan]]) -> token id */
+/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]) -> token id */
 static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct draw_request r;
-    size_t path = TOP_P_AUTO, scalar_scan = 0;
+    size_t path = TOP_P_AUTO, scan = SCAN_BEST;
     if (nargs < 7 || nargs > 9) {
         PyErr_Format(PyExc_TypeError, "draw takes 7 to 9 arguments, got %zd", nargs);
         return NULL;
@@ -130,15 +153,23 @@ static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         take_uint64(args[5], "seed", &r.seed) || take_uint64(args[6], "pos", &r.pos) ||
         (nargs >= 8 && take_size(args[7], "top_p_path", TOP_P_BOUNDED,
                                  "0 (auto), 1 (exhaustive) or 2 (bounded)", &path)) ||
-        (nargs == 9 && take_size(args[8], "scalar_scan", 1, "0 (auto) or 1 (scalar)",
-                                 &scalar_scan)))
+        (nargs == 9 && take_size(args[8], "scan", SCAN_COUNT - 1,
+                                 "0 (best), 1 (scalar), 2 (avx2) or 3 (avx512)", &scan)))
         return NULL;
     r.top_p_path = (enum top_p_path)path;
-    r.scalar_scan = (int)scalar_scan;
+    if (!scan_available((enum row_scan)scan)) {
+        PyErr_Format(PyExc_ValueError, "scan %zu is not available on this CPU", scan);
+        return NULL;
+    }
+    r.scan = (enum row_scan)scan;
     Py_buffer view;
-    if (take_row(args[0], &view)) return NULL;
-    r.x = view.buf;
+    if (take_row(args[0], &view, 1)) return NULL;
     r.vocab = (size_t)view.shape[0];
+    r.x = view.itemsize == 8 ? view.buf : widened(view.buf, r.vocab);
+    if (!r.x) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
     struct draw_result result = draw(&r);
     PyBuffer_Release(&view);
     if (result.status != DRAW_OK) return raise_failure(result);
@@ -159,7 +190,7 @@ static PyObject *py_top_p_path_counts(PyObject *self, PyObject *unused)
 static PyObject *elementwise(PyObject *arg, double (*function)(double))
 {
     Py_buffer view;
-    if (take_row(arg, &view)) return NULL;
+    if (take_row(arg, &view, 0)) return NULL;
     const double *x = view.buf;
     const Py_ssize_t count = view.shape[0];
     PyObject *out = PyList_New(count);
@@ -187,14 +218,33 @@ static PyObject *py_log(PyObject *self, PyObject *arg)
     return elementwise(arg, xd_log);
 }
 
+static PyObject *py_scans(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    PyObject *found = PyList_New(0);
+    for (int scan = SCAN_SCALAR; found && scan < SCAN_COUNT; scan++) {
+        if (!scan_available((enum row_scan)scan)) continue;
+        PyObject *number = PyLong_FromLong(scan);
+        if (!number || PyList_Append(found, number)) Py_CLEAR(found);
+        Py_XDECREF(number);
+    }
+    if (!found) return NULL;
+    PyObject *result = PyList_AsTuple(found);
+    Py_DECREF(found);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"exp", py_exp, METH_O, "exp(x) -> list: exactdraft's float64 exp of each value of x"},
     {"log", py_log, METH_O, "log(x) -> list: exactdraft's float64 log of each value of x"},
     {"draw", (PyCFunction)(void (*)(void))py_draw, METH_FASTCALL,
-     "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scalar_scan]]) -> "
-     "int: steps 3-9 of SAMPLER.md on the processed C-contiguous float64 row x. top_p_path "
-     "(tests): 0 auto, 1 exhaustive, 2 bounded; scalar_scan (tests): 1 scans the row without "
-     "SIMD; all give the same token."},
+     "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]) -> "
+     "int: steps 3-9 of SAMPLER.md on the processed C-contiguous float64 row x (a float32 "
+     "row is widened exactly). top_p_path "
+     "(tests): 0 auto, 1 exhaustive, 2 bounded; scan (tests): 0 the best this CPU runs, "
+     "1 scalar, 2 AVX2, 3 AVX-512; all give the same token."},
+    {"scans", py_scans, METH_NOARGS,
+     "scans() -> tuple: the scans (1 scalar, 2 AVX2, 3 AVX-512) this CPU runs."},
     {"top_p_path_counts", py_top_p_path_counts, METH_NOARGS,
      "(exhaustive, bounded and decided, bounded then exhaustive): top-p decisions so far."},
     {NULL, NULL, 0, NULL},

@@ -385,7 +385,10 @@ def scan_draws(x, params, pos):
 
 @pytest.mark.parametrize("settings_", [dict(temperature=0.7), dict(temperature=1.5),
                                        dict(temperature=1.0, min_p=0.05),
-                                       dict(temperature=4.0)])
+                                       dict(temperature=4.0),
+                                       dict(temperature=0.7, top_k=50),
+                                       dict(temperature=0.9, top_p=0.95),
+                                       dict(temperature=0.8, top_k=40, top_p=0.9)])
 def test_simd_and_scalar_scans_give_the_same_token(settings_):
     """The draw scans the row (its maximum, and for the plain draw its hashes) with SIMD where
     it can; every scan and the numpy path give the same token at every position, and the
@@ -399,6 +402,17 @@ def test_simd_and_scalar_scans_give_the_same_token(settings_):
         assert set(tokens_by_scan) == {numpy_draw(x, params, pos)}
         tokens.append(tokens_by_scan[0])
     assert len(set(tokens)) > 1
+
+
+@pytest.mark.parametrize("settings_", [dict(temperature=1.0), dict(temperature=1.0, top_k=30),
+                                       dict(temperature=1.0, top_p=0.9)])
+def test_scans_agree_where_scores_are_divided_not_multiplied(settings_):
+    """Scores beyond 2**40 make the draw divide instead of multiplying by 1 / T (the
+    approximate product is off); every scan still gives the numpy path's token."""
+    params = SamplingParams(seed=9, **settings_)
+    x = processed(realistic_row(12), params) * 3e12
+    for pos in range(0, 40, 3):
+        assert set(scan_draws(x, params, pos)) == {numpy_draw(x, params, pos)}
 
 
 def test_every_scan_finds_the_first_maximum_and_the_first_nan():

@@ -24,6 +24,8 @@
  * - top-p sums only what can move the cut (top_p.c);
  * - which tokens pass a bound on s = x / T is decided by x * fl(1 / T) where that is provably
  *   the same answer, by the division otherwise (scaled_at_least), and scores use the division;
+ * - the row's maximum, and the candidates and buckets top-k and top-p start from, are found
+ *   eight tokens at a time where the CPU has AVX-512 (the same decisions, in id order);
  * - the plain draw (no top-k, no top-p) hashes the whole row in one branch-free scan, with
  *   AVX-512 or AVX2 where the CPU has it, and hands consider() only the tokens the cap test
  *   below lets through (open_candidates); the AVX2 scan's caps are never below the scalar
@@ -433,17 +435,101 @@ static inline uint32_t depth_bucket(double depth, int valid)
     return (uint32_t)depth;
 }
 
+#if defined(HAVE_OPEN_AVX512)
+/* collect() eight tokens at a time on AVX-512, with the same decisions in the same id order
+ * and the same buckets: for the top-k draw, scaled_at_least's tests (a lane whose product
+ * falls within the margin is decided by the quotient, one lane at a time) and buckets from
+ * the rough s, clamped as collect() clamps them; for top-p, the quotient's difference and its
+ * bucket. Returns the count. */
+__attribute__((target("avx512f,avx512dq,avx512cd,avx512vl"))) static size_t collect_avx512(
+    const struct draw_request *r, const struct scaling *z, double s0, int for_top_p,
+    uint32_t *ids, uint32_t *buckets)
+{
+    const double *x = r->x;
+    const double lower = s0 - IRRELEVANT_BELOW, margin = margin_of(z, lower);
+    const __m512d loose = _mm512_set1_pd(lower - margin), sure = _mm512_set1_pd(lower + margin);
+    const __m512d inverse = _mm512_set1_pd(z->inverse);
+    const __m512d temperature = _mm512_set1_pd(for_top_p ? r->temperature : z->temperature);
+    const __m512d top = _mm512_set1_pd(s0), per_unit = _mm512_set1_pd(BUCKETS_PER_UNIT);
+    const __m512d zero = _mm512_setzero_pd(), deepest = _mm512_set1_pd(DEEPEST);
+    const __m512d relevant_from = _mm512_set1_pd(TOP_P_RELEVANT_FROM);
+    const __m512d sign = _mm512_set1_pd(-0.0);
+    const int approximate = !for_top_p && z->approximate;
+    __m256i lane_ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    size_t count = 0, i = 0;
+    /* ids and buckets [count, count + 8) are written whole: count <= i, i + 8 <= vocab. */
+    for (; i + 8 <= r->vocab; i += 8, lane_ids = _mm256_add_epi32(lane_ids, step)) {
+        const __m512d values = _mm512_loadu_pd(x + i);
+        __mmask8 keep;
+        __m512d depth;
+        if (for_top_p) {
+            const __m512d difference = _mm512_sub_pd(_mm512_div_pd(values, temperature), top);
+            keep = _mm512_cmp_pd_mask(difference, relevant_from, _CMP_GE_OQ);
+            depth = _mm512_mul_pd(_mm512_xor_pd(difference, sign), per_unit);
+        } else {
+            const __m512d rough = approximate ? _mm512_mul_pd(values, inverse)
+                                              : _mm512_div_pd(values, temperature);
+            if (approximate) {
+                keep = _mm512_cmp_pd_mask(rough, sure, _CMP_GE_OQ);
+                __mmask8 unsure = _mm512_cmp_pd_mask(rough, loose, _CMP_GE_OQ) & ~keep;
+                while (unsure) {
+                    const int lane = __builtin_ctz(unsure);
+                    unsure &= (__mmask8)(unsure - 1);
+                    if (x[i + (size_t)lane] / z->temperature >= lower) keep |= (__mmask8)(1 << lane);
+                }
+            } else {
+                keep = _mm512_cmp_pd_mask(rough, _mm512_set1_pd(lower), _CMP_GE_OQ);
+            }
+            depth = _mm512_min_pd(_mm512_max_pd(_mm512_mul_pd(_mm512_sub_pd(top, rough),
+                                                              per_unit), zero), deepest);
+        }
+        const __m256i bucket = _mm512_cvttpd_epu32(_mm512_maskz_mov_pd(keep, depth));
+        _mm256_storeu_si256((__m256i *)(ids + count), _mm256_maskz_compress_epi32(keep, lane_ids));
+        _mm256_storeu_si256((__m256i *)(buckets + count), _mm256_maskz_compress_epi32(keep, bucket));
+        count += (size_t)__builtin_popcount(keep);
+    }
+    for (; i < r->vocab; i++) {
+        const double value = x[i];
+        if (for_top_p) {
+            const double difference = value / r->temperature - s0;
+            ids[count] = (uint32_t)i;
+            buckets[count] = depth_bucket(-difference * BUCKETS_PER_UNIT,
+                                          difference >= TOP_P_RELEVANT_FROM);
+            count += difference >= TOP_P_RELEVANT_FROM;
+            continue;
+        }
+        const double rough = rough_scaled(z, value);
+        const int kept = approximate ? rough >= lower - margin &&
+                                           (rough >= lower + margin || value / z->temperature >= lower)
+                                     : rough >= lower;
+        if (!kept) continue;
+        const double depth = (s0 - rough) * BUCKETS_PER_UNIT;
+        ids[count] = (uint32_t)i;
+        buckets[count++] = (uint32_t)(depth < 0.0 ? 0.0 : depth < DEEPEST ? depth : DEEPEST);
+    }
+    return count;
+}
+#endif
+
 /* The candidates in id order with their buckets: with s - s0 >= TOP_P_RELEVANT_FROM and
  * buckets from s when for_top_p, else with s >= s0 - IRRELEVANT_BELOW and buckets from the rough
  * s (a non-decreasing function of x). */
-static void collect(const struct draw_request *r, const struct scaling *z, double s0,
-                    double best_x, int for_top_p, struct candidates *c)
+static void collect(const struct draw_request *r, enum row_scan scan, const struct scaling *z,
+                    double s0, double best_x, int for_top_p, struct candidates *c)
 {
     const double *x = r->x;
     c->ids = scratch.ids[2];
     c->keys = scratch.keys[2];
     c->buckets = scratch.buckets;
     c->top_key = order_key(best_x);
+#if defined(HAVE_OPEN_AVX512)
+    if (scan == SCAN_AVX512) {
+        c->count = collect_avx512(r, z, s0, for_top_p, c->ids, c->buckets);
+        return;
+    }
+#endif
+    (void)scan;
     if (!for_top_p) {
         c->count = scaled_at_least(r, z, s0 - IRRELEVANT_BELOW, c->ids);
         for (size_t j = 0; j < c->count; j++) {
@@ -573,7 +659,7 @@ struct draw_result draw(const struct draw_request *r)
     struct candidates c;
     struct sort_space space = {{scratch.keys[0], scratch.keys[1]},
                                {scratch.ids[0], scratch.ids[1]}};
-    collect(r, &z, s0, best_x, top_p_on, &c);
+    collect(r, scan, &z, s0, best_x, top_p_on, &c);
     if (0 < r->top_k && r->top_k < c.count) keep_top_k(x, &c, r->top_k, &space);
     const uint32_t *kept = c.ids;
     size_t count = c.count;

@@ -5,7 +5,9 @@ Generator.generate, serially or drafted, whatever shares its passes, when it joi
 how its prompt is cut into chunks and whether its prefix came from the prefix cache. Each
 sample is its own exactdraft.decoding.Decoding (the Generator's loop body) over its own state;
 a pass appends every participant's tokens in one `forward_batch`, which gives each row the bits
-of its sequence alone, and each Decoding then decides and commits from its own rows.
+of its sequence alone, and each Decoding then decides and commits from its own rows. Where the
+Generator verifies token trees, a sample's drafts may be a tree: its rows in the shared pass
+are that tree's (forward_batch's `parents`), as forward_tree gives them alone.
 
 Scheduling (continuous batching): between passes, waiting requests join (up to
 `max_sequences` sequences) and finished or cancelled ones leave. A pass holds every decoding
@@ -236,8 +238,9 @@ class Engine:
                 planned.append((sample, tokens))
         mixed = bool(planned)
         decoders = [s for s in group if not s.decoding.prefilling]
-        for sample in decoders:
-            planned.append((sample, sample.decoding.plan(drafts=not mixed)))
+        for sample in decoders:  # trees where the Generator verifies them (its guard ran)
+            planned.append((sample, sample.decoding.plan(drafts=not mixed,
+                                                         trees=self.generator.trees)))
         self.stats.mixed_passes += bool(mixed and decoders)
         passing = [(s, t) for s, t in planned if t]
         try:
@@ -260,15 +263,16 @@ class Engine:
         self.stats.rows += sum(len(t) for t in tokens)
         self.stats.sequences_per_pass.append(len(tokens))
         # Only targets that declare returns_features are asked for them (Decoding checks).
-        if any(s.decoding.wants_features for s, _ in passing):
-            if len(passing) == 1:
-                return [self.target.forward(states[0], tokens[0], rows=rows, features=True)]
-            return list(zip(*self.target.forward_batch(states, tokens, rows=rows,
-                                                       features=True)))
-        if len(passing) == 1:
-            return [(self.target.forward(states[0], tokens[0], rows=rows), None)]
-        return [(logits, None) for logits in self.target.forward_batch(states, tokens,
-                                                                       rows=rows)]
+        features = any(s.decoding.wants_features for s, _ in passing)
+        options: dict[str, Any] = {"features": True} if features else {}
+        parents = [s.decoding.parents for s, _ in passing]
+        if any(tree is not None for tree in parents):  # rows are "all": no prompt chunks
+            options["parents"] = parents
+        if len(passing) == 1 and "parents" not in options:
+            out = self.target.forward(states[0], tokens[0], rows=rows, **options)
+            return [out if features else (out, None)]
+        out = self.target.forward_batch(states, tokens, rows=rows, **options)
+        return list(zip(*out)) if features else [(logits, None) for logits in out]
 
     def _advance(self, sample: _Sample, logits: Any, features: Any = None) -> None:
         decoding = sample.decoding

@@ -281,12 +281,15 @@ class DecoderModel:
         return self.forward_batch([state], [tokens], rows)[0]
 
     def forward_batch(self, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]],
-                      rows: Rows = "last", features: bool = False) -> Any:
+                      rows: Rows = "last", features: bool = False,
+                      parents: Sequence[Sequence[int] | None] | None = None) -> Any:
         """Append each token list to its own state in one pass and return each sequence's
         logits [R_i, vocab] (with `features=True`, the pair of that list and each sequence's
         features, as `forward` says). Every op but attention runs over the rows of all
         sequences at once and is row invariant, and each sequence attends to its own cache
-        only, so every row has the bits it gets when its sequence runs alone."""
+        only, so every row has the bits it gets when its sequence runs alone. `parents`
+        (rows "all"): per sequence None for a chain or its token tree's parents, as
+        forward_tree takes them; that state then holds its tree until commit_tree."""
         if rows not in ("last", "all"):
             raise ParameterError(f"rows must be 'last' or 'all', got {rows!r}")
         if len(states) != len(token_lists) or not states:
@@ -294,13 +297,33 @@ class DecoderModel:
                                  f"{len(states)} states and {len(token_lists)} token lists")
         if len({id(state) for state in states}) != len(states):
             raise ParameterError("a state appears twice in one forward_batch")
+        trees = list(parents) if parents is not None else [None] * len(states)
+        if len(trees) != len(states):
+            raise ParameterError(f"forward_batch needs one parents entry per state, got "
+                                 f"{len(trees)} for {len(states)} states")
+        if any(tree is not None for tree in trees):
+            if not self.supports_trees:
+                raise ParameterError(f"{self.backend!r} has no tree attention; verify a chain")
+            if rows != "all":
+                raise ParameterError("token trees need rows='all'")
         ids, parts = [], []
-        for state, tokens in zip(states, token_lists):
+        for state, tokens, tree in zip(states, token_lists, trees):
             start = state.cache.length
             checked = self.check_tokens(tokens, start)
             ids.append(checked)
-            parts.append(SequencePart(state.cache, start, checked.size))
-        return self._pass(parts, ids, rows, features)
+            if tree is None:
+                parts.append(SequencePart(state.cache, start, checked.size))
+                continue
+            if len(tree) != checked.size:
+                raise ParameterError(f"a token tree needs one parent per token, got "
+                                     f"{len(tree)} parents for {checked.size} tokens")
+            depths, paths = tree_rows(tree)
+            parts.append(SequencePart(state.cache, start, checked.size, depths, paths))
+        out = self._pass(parts, ids, rows, features)
+        for state, part, tree in zip(states, parts, trees):
+            if tree is not None:
+                state.tree = (part.start, [int(parent) for parent in tree])
+        return out
 
     def _pass(self, parts: list[SequencePart], ids: list[np.ndarray], rows: Rows,
               features: bool = False) -> Any:
@@ -346,17 +369,7 @@ class DecoderModel:
         one position further. Row i has the bits of a serial step over the path from the root
         to i. The state then holds the tree (state.tree) until commit_tree or truncate. With
         `features=True`, the pair (logits, features [n, hidden]), row by row alike."""
-        if not self.supports_trees:
-            raise ParameterError(f"{self.backend!r} has no tree attention; verify a chain")
-        start = state.cache.length
-        checked = self.check_tokens(tokens, start)
-        if len(parents) != checked.size:
-            raise ParameterError(f"a token tree needs one parent per token, got "
-                                 f"{len(parents)} parents for {checked.size} tokens")
-        depths, paths = tree_rows(parents)
-        part = SequencePart(state.cache, start, checked.size, depths, paths)
-        out = self._pass([part], [checked], "all", features)
-        state.tree = (start, [int(parent) for parent in parents])
+        out = self.forward_batch([state], [tokens], "all", features, parents=[parents])
         return (out[0][0], out[1][0]) if features else out[0]
 
     def commit_tree(self, state: DecoderState, path: Sequence[int]) -> None:

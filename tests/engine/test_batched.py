@@ -7,6 +7,7 @@ the number of rows in a pass."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -14,6 +15,7 @@ import exactdraft as xd
 from exactdraft.engine import Engine, sample_seed
 from tests.conftest import VARIANTS
 from tests.engine.rows import ContextRows, row_differences
+from tests.test_tree_generation import OracleTreeDrafter
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
@@ -163,3 +165,63 @@ def test_a_full_queue_is_refused_and_bad_requests_are_named(tiny_targets):
         with pytest.raises(xd.engine.QueueFull, match="max_waiting=1"):
             engine.submit(PROMPTS[2], max_new_tokens=5, seed=1)
         first.cancel()
+
+
+def tree_generator(target, sampler=None, **options):
+    return xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1, tree_width=2),
+                        sampler=sampler or ContextRows(), adaptive_depth=False, **options)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_token_trees_in_shared_passes_equal_samples_alone(variant, tiny_targets):
+    """A drafter that proposes trees: each sample's tree is verified in the shared pass (its
+    rows see their own ancestors only) and every sample writes what it writes alone."""
+    generator = tree_generator(tiny_targets[variant])
+    assert generator.trees
+    problems, stats, kept = compare_with_alone(generator)
+    assert not problems, problems[:5]
+    _, results, _ = run_together(generator)
+    assert sum(r.stats.tree_passes for samples in results for r in samples) > 0
+    assert max(stats.sequences_per_pass) >= 3 and kept > 0
+
+
+class ChainsOnly:
+    """Mixed into a target's class: its passes drop the trees' parents (a tree's rows then see
+    every row before them, siblings included), as a pass without tree attention would."""
+
+    def forward_batch(self, states, token_lists, rows="last", features=False, parents=None):
+        if parents is not None:
+            for state, tree in zip(states, parents):
+                if tree is not None:
+                    state.tree = (state.cache.length, list(tree))
+        return super().forward_batch(states, token_lists, rows, features)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_oracle_trees_in_shared_passes(broken, tiny_targets):
+    """Trees that hold the serial continuation on one branch and siblings around it, verified
+    in passes shared with other samples, write the serial tokens, and keep nodes at every
+    depth; negative control: a target whose passes drop the parents (guard off, since the
+    guard turns such trees off) writes other tokens."""
+    target = tiny_targets["llama"]
+    if broken:
+        target = copy.copy(target)
+        target.__class__ = type("ChainsOnlyTarget", (ChainsOnly, type(target)), {})
+    prompt, options = PROMPTS[1], dict(max_new_tokens=24, temperature=0.9, seed=8)
+    serial = xd.Generator(tiny_targets["llama"]).generate(prompt, stop_tokens=[], **options)
+    drafter = OracleTreeDrafter(serial.tokens, len(prompt), seed=2)
+    generator = xd.Generator(target, drafter, adaptive_depth=False, guard=False)
+    assert generator.trees
+    with Engine(generator, max_sequences=4) as engine:
+        first = engine.submit(prompt, stop_tokens=[], **options)  # it holds the drafter
+        others = [engine.submit(p, stop_tokens=[], max_new_tokens=20, temperature=0.7, seed=i)
+                  for i, p in enumerate(PROMPTS[2:])]
+        result = first.results(timeout=120)[0]
+        for submission in others:
+            submission.results(timeout=120)
+        shared = max(engine.stats.sequences_per_pass)
+    assert result.stats.tree_passes > 0 and shared >= 2
+    if broken:
+        assert result.tokens != serial.tokens
+    else:
+        assert result.tokens == serial.tokens and result.stats.accepted > 0

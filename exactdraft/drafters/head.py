@@ -21,7 +21,9 @@ return them, as the engine's) it proposes nothing, a plain serial step.
 Its matrix products run on the target's backend (`backend.matrix` / `backend.linear`), the
 head's matrices in q8_0 blocks by default and the output rows in the target's own format: on
 the CPU backend a numpy or torch product would start a second pool of threads that spins on
-the cores the target's kernels use. Everything else is numpy (head_model.py).
+the cores the target's kernels use. On a backend with fused decoder layers (the CPU kernels)
+the head's block is one call of the target's layer kernel (FusedBlock); elsewhere the rest is
+numpy (head_model.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.backends.base import DecoderLayer, LayerShape, SequenceLayers
 from exactdraft.drafters.base import DraftContext, DraftTree
 from exactdraft.drafters.head_model import (
     HeadCache,
@@ -41,9 +44,11 @@ from exactdraft.drafters.head_model import (
     matrices,
     numpy_linear,
     read_config,
+    rope_angles,
 )
 from exactdraft.errors import CheckpointError, ParameterError
 from exactdraft.formats import QuantizedTensor
+from exactdraft.models.cache import KVCache
 
 BANNED = np.float32(-1e9)  # the logit of tokens outside the draft vocabulary (SAMPLER.md)
 HEADS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -64,6 +69,51 @@ def quantize_q8_0(matrix: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("q8_0", data.reshape(rows, -1), (rows, depth))
 
 
+class FusedBlock:
+    """head_rows on a backend with fused decoder layers (the CPU kernels): fc, then the head's
+    block as one call of the target's own layer kernel (a pre-norm attention + gated SiLU MLP
+    layer is exactly the head's block), then the final norm, with the head's keys and values
+    in the backend's KV cache. The same computation as head_rows in the backend's arithmetic:
+    it changes drafts' speed, not what the verifier keeps."""
+
+    def __init__(self, backend: Any, weights: HeadWeights, linear: BackendLinear,
+                 max_context: int) -> None:
+        c, t, be = weights.config, weights.tensors, backend
+        self.backend, self.config, self.linear = be, c, linear
+        self.max_context = max_context
+        m = linear.matrices
+        layer = DecoderLayer(
+            attention_norm=be.vector(t["attention_norm.weight"]), qkv=m["qkv"], qkv_bias=None,
+            output=m["o"], output_bias=None, q_norm=None, k_norm=None,
+            post_attention_norm=None, mlp_norm=be.vector(t["mlp_norm.weight"]),
+            gate_up=m["gate_up"], gate_up_bias=None, down=m["down"], down_bias=None,
+            post_mlp_norm=None)
+        shape = LayerShape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                           c.intermediate_size, 0, c.rms_norm_eps, c.head_dim ** -0.5, "silu")
+        self.layer = layer  # the plan holds the addresses of its arrays: they must live on
+        self.plan = be.plan_layer(layer, shape)
+        self.final_norm = be.vector(t["final_norm.weight"])
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.backend, 1, self.config.num_kv_heads, self.config.head_dim,
+                       self.max_context)
+
+    def rows(self, cache: KVCache, embeddings: np.ndarray, features: np.ndarray,
+             positions: np.ndarray) -> np.ndarray:
+        """head_rows' output rows [n, hidden], the block's keys and values appended to cache."""
+        be, c = self.backend, self.config
+        x = self.linear.apply("fc", be.vector(
+            np.concatenate([embeddings, features], axis=1).astype(np.float32)))
+        cos, sin = rope_angles(positions, c.head_dim, c.rope_theta)
+        n = embeddings.shape[0]
+        cache.reserve_for(n)
+        hidden = be.run_layers([self.plan], x, [SequenceLayers(cache.keys, cache.values,
+                                                               cache.length, n)],
+                               [(be.vector(cos), be.vector(sin))])
+        cache.length += n
+        return be.to_host(be.rms_norm(hidden, self.final_norm, c.rms_norm_eps))
+
+
 class BackendLinear:
     """head_rows' matrix products on a backend: name -> backend.matrix, x @ matrix.T."""
 
@@ -73,7 +123,11 @@ class BackendLinear:
 
     def __call__(self, name: str, x: np.ndarray) -> np.ndarray:
         be = self.backend
-        return be.to_host(be.linear(be.vector(x), self.matrices[name]))
+        return be.to_host(self.apply(name, be.vector(x)))
+
+    def apply(self, name: str, x: Any) -> Any:
+        """x (on the backend) @ matrix.T, left on the backend."""
+        return self.backend.linear(x, self.matrices[name])
 
 
 def bundled_head_for(target: Any) -> str:
@@ -140,6 +194,7 @@ class DraftHead:
         self.vocab_size = target.vocab_size
         self.source = source
         self.draft_ids = weights.tensors["draft_ids"]
+        self.block: FusedBlock | None = None  # the block in one kernel call, where it can be
         if weights_format == "numpy":
             self.linear = numpy_linear(weights)
             output = target.output_rows(self.draft_ids)
@@ -153,6 +208,9 @@ class DraftHead:
             stacked["output"] = target.output_rows(self.draft_ids, stored=True)
             self.linear = BackendLinear(target.backend, stacked)
             self.logits = lambda row: self.linear("output", row)
+            if getattr(target.backend, "fused_layers", False):
+                self.block = FusedBlock(target.backend, weights, self.linear,
+                                        target.max_context)
         self._context: DraftContext | None = None
         self._reset_features(0)
 
@@ -183,7 +241,8 @@ class DraftHead:
         self._features = np.zeros((256, self.weights.config.hidden_size), dtype=np.float32)
         self._feature_start = start  # the position of self._features[0]
         self._held = 0  # features held: positions [start, start + held)
-        self._cache = HeadCache(self.weights.config)
+        self._cache: Any = self.block.new_cache() if self.block is not None else \
+            HeadCache(self.weights.config)
         self._tokens: list[int] = []  # tokens of the head's real rows, from position start + 1
         self._last = None  # the output of the last real row
 
@@ -238,13 +297,13 @@ class DraftHead:
                 real += 1
         if real < n - first or self._last is None:
             real = min(real, n - first - 1)  # at least the last row is recomputed then
-            self._cache.truncate(real)
+            self._truncate(real)
             new = list(sequence[first + real:n])
-            self._last = head_rows(self.weights, self._cache, self.target.embedding_rows(new),
-                                   self._features[real:real + len(new)],
-                                   np.arange(first + real, n), self.linear)[-1:]
+            self._last = self._rows(self.target.embedding_rows(new),
+                                    self._features[real:real + len(new)],
+                                    np.arange(first + real, n))[-1:]
             self._tokens[real:] = new
-        self._cache.truncate(n - first)
+        self._truncate(n - first)
         history = list(sequence)
         # Every node and its parent; with tree_width 1 the nodes are a chain of keyed guesses.
         nodes: list[int] = []
@@ -277,9 +336,19 @@ class DraftHead:
             chain_end = guess
             if len(nodes) == limit:
                 return proposal()
-            row = head_rows(self.weights, self._cache, self.target.embedding_rows([token]),
-                            row, np.array([len(history)]), self.linear)
+            row = self._rows(self.target.embedding_rows([token]), row,
+                             np.array([len(history)]))
             history.append(token)
+
+    def _rows(self, embeddings: np.ndarray, features: np.ndarray,
+              positions: np.ndarray) -> np.ndarray:
+        if self.block is not None:
+            return self.block.rows(self._cache, embeddings, features, positions)
+        return head_rows(self.weights, self._cache, embeddings, features, positions,
+                         self.linear)
+
+    def _truncate(self, length: int) -> None:
+        self._cache.truncate(min(length, self._cache.length))
 
     def _alternatives(self, logits: np.ndarray, token: int) -> list[int]:
         """Up to tree_width - 1 target ids other than `token` that the head finds most probable

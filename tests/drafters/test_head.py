@@ -312,3 +312,32 @@ def test_negative_control_head_trees_on_a_target_that_ignores_parents(tiny_targe
             serial = generator.generate(PROMPTS[seed], 24, drafts=False, **options)
             differing += drafted.tokens != serial.tokens
     assert differing > 0
+
+
+def test_the_block_is_one_layer_kernel_call_computing_head_rows(tiny_targets, head_folders):
+    """On the CPU kernels the head's block runs as one call of the target's layer kernel: its
+    rows are the numpy computation's up to float rounding, and being row invariant, rows
+    computed in one call have the bits of the same rows computed in two (the cache carries
+    the first call's keys); negative control: other positions (rope) change the rows."""
+    from exactdraft.drafters.head_model import HeadCache, head_rows
+
+    target = tiny_targets["llama"]
+    fused = DraftHead.from_pretrained(head_folders["llama"], target, weights_format="f32")
+    assert fused.block is not None
+    assert DraftHead.from_pretrained(head_folders["llama"], target,
+                                     weights_format="numpy").block is None
+    tokens = PROMPTS[0][:7]
+    embeddings = target.embedding_rows(tokens)
+    features = features_of(target, tokens)
+    positions = np.arange(1, 8)
+    block = fused.block
+    whole = block.rows(block.new_cache(), embeddings, features, positions)
+    cache = block.new_cache()
+    parts = np.concatenate([block.rows(cache, embeddings[:5], features[:5], positions[:5]),
+                            block.rows(cache, embeddings[5:], features[5:], positions[5:])])
+    assert whole.tobytes() == parts.tobytes()
+    reference = head_rows(fused.weights, HeadCache(fused.weights.config), embeddings, features,
+                          positions)
+    assert np.abs(whole - reference).max() <= 1e-4 * np.abs(reference).max()
+    moved = block.rows(block.new_cache(), embeddings, features, positions + 3)
+    assert moved.tobytes() != whole.tobytes()

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
 from exactdraft.drafting import CheckedDrafter, DrafterFaults
 from exactdraft.sampling import SamplingParams, TokenLogprob
@@ -147,7 +146,8 @@ class Decoding:
     (prompt tokens per pass, drafts or none), the committed tokens are the same."""
 
     def __init__(self, generator: Generator, run: Run, stream_text: bool,
-                 state: Any = None, drafter: Drafter | None = None) -> None:
+                 state: Any = None, drafter: Drafter | None = None,
+                 timed_passes: bool = True) -> None:
         target = self.target = generator.target
         self.run, self.stream_text = run, stream_text
         self.verifier, self.sampler = generator.verifier, generator.sampler
@@ -164,13 +164,17 @@ class Decoding:
             stats.drafter_faults = self.drafter.faults
         stats.drafting_note = generator.drafting_note if run.use_drafts else None
         # A policy per generation, as if reset: the Generator's holds the measured costs.
-        self.policy = DepthPolicy(generator.depth_policy.pass_costs) \
+        self.policy = generator.depth_policy.fresh() \
             if self.drafter is not None and generator.depth_policy is not None else None
         self.planned: list[int] = []  # the tokens of the pass being run
         self.drafts: list[int] = []  # the drafts among them
         self.tree: DraftTree | None = None  # the drafts' tree, when they are one
         self.parents: list[int] | None = None  # each planned row's parent row, for a tree
         self.finished = False
+        self._proposals = 0  # drafter proposals so far
+        self._draft_seconds = 0.0  # the last proposal's time
+        # Whether the time from plan to advance is this sequence's pass (not in a shared one).
+        self.timed_passes = timed_passes
         self._prompt_features: list[np.ndarray] = []  # until the drafter begins
         # Timings cover this sequence's passes only, not the time a consumer holds a chunk.
         self._clock = self._started = 0.0
@@ -199,6 +203,7 @@ class Decoding:
         run, sequence = self.run, self.sequence
         self._clock = time.perf_counter()
         self.drafts, self.tree, self.parents = [], None, None
+        self._draft_seconds = 0.0
         if run.max_new_tokens == 0:
             self.planned = []
         elif self.prefilling:
@@ -211,18 +216,26 @@ class Decoding:
             limit = min(run.max_new_tokens - len(run.output),
                         self.target.max_context - len(sequence)) - 1
             # A tree's nodes are chosen after it is proposed (the policy weighs every node);
-            # a chain's depth before.
-            if self.policy is not None and not trees:
-                limit = self.policy.depth(limit)
+            # a chain's depth before. Either way nothing is proposed where no draft pays.
+            if self.policy is not None:
+                depth = self.policy.depth(limit)
+                limit = depth if not trees or depth == 0 else limit
             if self.drafter is not None and drafts and limit > 0:
                 # A copy, so a drafter cannot change the committed sequence.
+                started = time.perf_counter()
                 proposal = self.drafter.propose(tuple(sequence), limit)
+                self._draft_seconds = time.perf_counter() - started
+                if self.policy is not None and self._proposals:  # the first one catches up
+                    depth = proposal.depth() if isinstance(proposal, DraftTree) else \
+                        len(proposal)
+                    self.policy.record_draft_time(self._draft_seconds, depth)
+                self._proposals += 1
                 if isinstance(proposal, DraftTree) and trees and self.policy is not None:
                     proposal = self.policy.select(proposal, limit)
                     if proposal.is_chain:
                         proposal = list(proposal.tokens)
                 elif trees and self.policy is not None:
-                    proposal = proposal[:self.policy.depth(len(proposal))]
+                    proposal = proposal[:self.policy.depth(len(proposal), drafting=False)]
                 if isinstance(proposal, DraftTree):
                     if trees:
                         self.tree = proposal
@@ -263,6 +276,9 @@ class Decoding:
                     self.drafter.observe(np.concatenate(self._prompt_features), start)
                 self._prompt_features = []
             return self._commit([first], logits[-1:])
+        if self.policy is not None and self.timed_passes:  # the pass, without the drafting
+            self.policy.record_pass_time(len(self.planned), time.perf_counter() - self._clock -
+                                         self._draft_seconds)
         drafts = self.drafts
         if self.tree is not None:
             return self._advance_tree(logits, features)

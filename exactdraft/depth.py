@@ -6,7 +6,9 @@ never tokens. It picks the depth k that maximises the expected committed tokens 
 E(k) / cost(k + 1), where a pass of W rows costs what was measured on the loaded model and
 E(k) = 1 + a + ... + a^k is the expected number of tokens a pass commits when each draft is
 kept with probability a (the running acceptance, estimated per generation with a prior that
-favours trying drafts).
+favours trying drafts). The drafter's own time counts too: proposing k drafts costs k times its
+running seconds per draft depth (a trained head runs a step per depth; a lookup costs about
+nothing), so a drafter slower than what its drafts save is asked for fewer, or none.
 
 Trees generalise it (so the tree's width per depth adapts as its depth does): a_r is the
 running rate at which a node listed r-th among its siblings is kept when its parent was kept
@@ -62,11 +64,39 @@ def _children(tree: DraftTree) -> dict[int, list[int]]:
 
 
 class DepthPolicy:
-    def __init__(self, pass_costs: Sequence[float]) -> None:
+    """`pass_costs[i]`: seconds of an (i + 1)-row pass. With `learn_pass_costs` the passes a
+    generation runs replace them as they are timed (running figures per width; widths not yet
+    run scale with the one-row pass), so the costs follow the context length the generation
+    has reached: a long context makes each extra row's attention dearer."""
+
+    def __init__(self, pass_costs: Sequence[float], learn_pass_costs: bool = False) -> None:
         if not pass_costs or min(pass_costs) <= 0:
             raise ValueError(f"pass costs must be positive, got {list(pass_costs)}")
-        self.pass_costs = list(pass_costs)
+        self.measured_costs = list(pass_costs)
+        self.learn_pass_costs = learn_pass_costs
+        self.timed: list[float] = [0.0] * len(pass_costs)  # running seconds per width, 0: none
+        self.draft_cost = 0.0  # running seconds the drafter takes per depth it proposes
         self.reset()
+
+    def fresh(self) -> DepthPolicy:
+        """A policy for a new generation: these costs and settings, no evidence."""
+        return DepthPolicy(self.measured_costs, self.learn_pass_costs)
+
+    @property
+    def pass_costs(self) -> list[float]:
+        """Seconds per pass width as the policy weighs them now."""
+        if not any(self.timed):
+            return self.measured_costs
+        scale = self.timed[0] / self.measured_costs[0] if self.timed[0] else 1.0
+        return [timed or measured * scale
+                for timed, measured in zip(self.timed, self.measured_costs)]
+
+    def record_pass_time(self, rows: int, seconds: float) -> None:
+        """A pass of `rows` rows took `seconds` (ignored unless learn_pass_costs)."""
+        if not self.learn_pass_costs or not 1 <= rows <= len(self.timed) or seconds <= 0:
+            return
+        old = self.timed[rows - 1]
+        self.timed[rows - 1] = old * _DECAY + seconds * (1 - _DECAY) if old else seconds
 
     def reset(self) -> None:
         # [rank] -> running (kept, rejected) of nodes listed rank-th among their siblings
@@ -90,9 +120,19 @@ class DepthPolicy:
             counts[0] = counts[0] * _DECAY + kept * weight
             counts[1] = counts[1] * _DECAY + rejected * weight
 
+    def record_draft_time(self, seconds: float, depth: int) -> None:
+        """A proposal `depth` drafts deep (a chain's length, a tree's depth) took `seconds`."""
+        if depth > 0 and seconds >= 0:
+            self.draft_cost = self.draft_cost * _DECAY + (seconds / depth) * (1 - _DECAY) \
+                if self.draft_cost else seconds / depth
+
     def record(self, proposed: int, accepted: int) -> None:
-        """A pass verified a chain of `proposed` drafts and kept the first `accepted`."""
+        """A pass verified a chain of `proposed` drafts and kept the first `accepted`. A pass
+        without drafts lets the drafter's measured cost fade, so a drafter that once looked
+        too slow is asked again later."""
         self._update({0: (accepted, 1 if accepted < proposed else 0)} if proposed else {})
+        if not proposed:
+            self.draft_cost *= _DECAY
 
     def record_tree(self, tree: DraftTree, kept: list[int]) -> None:
         """A pass verified `tree` and kept the nodes `kept` (a path from the root): each node
@@ -127,12 +167,13 @@ class DepthPolicy:
                         for i, node in enumerate(group[:-1])}
         ready = [(-values[node], node) for node in children.get(-1, [])[:1]]
         taken: list[int] = []
-        best_count, best_rate, expected = 0, 1.0 / self.pass_costs[0], 1.0
-        while ready and len(taken) < min(limit, len(self.pass_costs) - 1):
+        costs = self.pass_costs
+        best_count, best_rate, expected = 0, 1.0 / costs[0], 1.0
+        while ready and len(taken) < min(limit, len(costs) - 1):
             value, node = heapq.heappop(ready)
             taken.append(node)
             expected -= value
-            rate = expected / self.pass_costs[len(taken)]
+            rate = expected / costs[len(taken)]
             if rate > best_rate:
                 best_count, best_rate = len(taken), rate
             for follower in (children.get(node, [None])[0], next_sibling.get(node)):
@@ -143,13 +184,16 @@ class DepthPolicy:
         return DraftTree(tuple(tree.tokens[node] for node in chosen),
                          tuple(index.get(tree.parents[node], -1) for node in chosen))
 
-    def depth(self, limit: int) -> int:
-        """The number of drafts (0..limit) with the most expected tokens per second."""
+    def depth(self, limit: int, drafting: bool = True) -> int:
+        """The number of drafts (0..limit) with the most expected tokens per second, counting
+        the drafter's time to propose them (not with `drafting=False`: drafts already made)."""
         a = self.acceptance
+        per_draft = self.draft_cost if drafting else 0.0
         best_depth, best_rate, expected = 0, 0.0, 0.0
-        for k in range(min(limit, len(self.pass_costs) - 1) + 1):
+        costs = self.pass_costs
+        for k in range(min(limit, len(costs) - 1) + 1):
             expected += a ** k
-            rate = expected / self.pass_costs[k]
+            rate = expected / (costs[k] + k * per_draft)
             if rate > best_rate:
                 best_depth, best_rate = k, rate
         return best_depth

@@ -155,7 +155,8 @@ class Generator:
                 self.trees = self.tree_note is None
             if self.drafting_note is None and adaptive_depth:
                 shown.phase("measuring verify-pass costs")
-                self.depth_policy = DepthPolicy(measure_pass_costs(target, window))
+                self.depth_policy = DepthPolicy(measure_pass_costs(target, window),
+                                                learn_pass_costs=True)
         if self.drafting_note is not None:
             message = f"drafting is off, output would not be exact: {self.drafting_note}"
             if strict:

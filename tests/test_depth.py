@@ -39,6 +39,99 @@ def test_depth_maximises_expected_tokens_per_second():
     assert policy.depth(4) == rates.index(max(rates))
 
 
+def test_a_slow_drafter_is_asked_for_fewer_drafts_then_none_then_again():
+    """The drafter's own time per draft counts against what its drafts save: a slow drafter
+    gets shallower chains, one slower than a pass gets none (drafts already made are still
+    verified as deep as the passes alone say), and its cost fades while it is not asked."""
+    policy = DepthPolicy([1.0 + 0.05 * w for w in range(9)])
+    for _ in range(20):
+        policy.record(8, 6)
+    assert policy.depth(8) == 8
+    policy.record_draft_time(0.8, 4)  # 0.2 per draft
+    shallow = policy.depth(8)
+    assert 0 < shallow < 8
+    policy.record_draft_time(0.0, 0)  # no drafts proposed: no evidence
+    assert policy.depth(8) == shallow
+    for _ in range(40):
+        policy.record_draft_time(20.0, 4)
+    assert policy.depth(8) == 0 and policy.depth(8, drafting=False) == 8
+    for _ in range(200):  # passes without drafts
+        policy.record(0, 0)
+    assert policy.depth(8) >= 1
+
+
+def test_learned_pass_costs_follow_the_timed_passes():
+    """With learn_pass_costs, timed passes replace the load-time costs of their width, and
+    widths not yet timed scale with the one-row pass; without it the costs stay; a fresh
+    policy keeps the settings and none of the timings."""
+    policy = DepthPolicy([1.0, 1.1, 1.2, 1.3], learn_pass_costs=True)
+    policy.record_pass_time(1, 2.0)
+    assert policy.pass_costs == [2.0, 2.2, 2.4, 2.6]
+    policy.record_pass_time(2, 3.0)
+    assert policy.pass_costs == [2.0, 3.0, 2.4, 2.6]
+    for _ in range(100):
+        policy.record_pass_time(2, 5.0)
+    assert 4.9 < policy.pass_costs[1] < 5.0
+    policy.record_pass_time(9, 1.0)  # wider than the costs go: ignored
+    fresh = policy.fresh()
+    assert fresh.learn_pass_costs and fresh.pass_costs == [1.0, 1.1, 1.2, 1.3]
+    fixed = DepthPolicy([1.0, 1.1])
+    fixed.record_pass_time(1, 7.0)
+    assert fixed.pass_costs == [1.0, 1.1]
+
+
+def test_dearer_rows_at_a_long_context_mean_shallower_drafts():
+    """Extra rows that cost more than measured at load (long contexts) lower the depth."""
+    policy = DepthPolicy([1.0 + 0.02 * w for w in range(9)], learn_pass_costs=True)
+    for _ in range(20):
+        policy.record(8, 1)
+    cheap = policy.depth(8)
+    for rows in range(1, 10):
+        policy.record_pass_time(rows, 1.0 + 0.6 * (rows - 1))
+    assert policy.depth(8) < cheap
+
+
+class SlowDrafter:
+    """Proposes the next token of a fixed list after sleeping far longer than a pass costs."""
+
+    max_draft = 4
+
+    def __init__(self, expected, prompt_length) -> None:
+        self.expected, self.prompt_length, self.proposals = expected, prompt_length, 0
+
+    def begin(self, prompt, context) -> None:
+        pass
+
+    def propose(self, sequence, limit):
+        import time
+
+        self.proposals += 1
+        time.sleep(0.02)
+        done = len(sequence) - self.prompt_length
+        return list(self.expected[done:done + limit])
+
+    def accepted(self, proposed, accepted) -> None:
+        pass
+
+
+def test_generation_stops_asking_a_drafter_slower_than_its_drafts_save(tiny_targets):
+    """Pass costs fixed at about a millisecond, a drafter that takes 20 ms to propose drafts
+    the target always keeps: the adaptive run stops asking it after its first measured
+    proposals; a fixed-depth run asks it every pass. Both write the serial tokens."""
+    target, prompt = tiny_targets["llama"], [5, 6, 7, 8, 5, 6]
+    serial = xd.Generator(target).generate(prompt, 24, temperature=0.0, stop_tokens=[])
+    proposals = {}
+    for adaptive in (True, False):
+        drafter = SlowDrafter(serial.tokens, len(prompt))
+        generator = xd.Generator(target, drafter, adaptive_depth=adaptive)
+        if adaptive:
+            generator.depth_policy = DepthPolicy([0.001 + 0.0001 * w for w in range(9)])
+        drafted = generator.generate(prompt, 24, temperature=0.0, stop_tokens=[])
+        assert drafted.tokens == serial.tokens
+        proposals[adaptive] = drafter.proposals
+    assert proposals[True] <= 3 < proposals[False], proposals
+
+
 def test_bad_costs_are_refused():
     with pytest.raises(ValueError, match="positive"):
         DepthPolicy([1.0, 0.0])

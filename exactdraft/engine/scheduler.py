@@ -215,7 +215,9 @@ class Engine:
                 self._shared_drafter_busy = shared = True
             else:  # a drafter with a model serves one sequence at a time: speed only
                 run.use_drafts = False
-        decoding = Decoding(generator, run, stream_text=True, state=state, drafter=drafter)
+        # A shared pass's time is not this sample's: its policy keeps the measured costs.
+        decoding = Decoding(generator, run, stream_text=True, state=state, drafter=drafter,
+                            timed_passes=False)
         return _Sample(submission, index, decoding, blocks, shared)
 
     def _step(self) -> None:

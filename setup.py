@@ -59,7 +59,8 @@ UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
 # log are exactdraft's own (csrc/sampler/float64_math.h), not the C library's.
 SAMPLER_SOURCES = ["csrc/sampler/sampler.c", "csrc/sampler/draw.c", "csrc/sampler/order.c",
                    "csrc/sampler/top_p.c"]
-SAMPLER_HEADERS = ["csrc/sampler/draw.h", "csrc/sampler/float64_math.h"]
+SAMPLER_HEADERS = ["csrc/sampler/draw.h", "csrc/sampler/draw_simd.h",
+                   "csrc/sampler/float64_math.h"]
 SAMPLER_UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden",
                       "-Wall"]
 

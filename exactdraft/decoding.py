@@ -171,7 +171,7 @@ class Decoding:
         self.tree: DraftTree | None = None  # the drafts' tree, when they are one
         self.parents: list[int] | None = None  # each planned row's parent row, for a tree
         self.finished = False
-        self._proposals = 0  # drafter proposals so far
+        self._proposed = False  # whether the drafter has proposed in this generation
         self._draft_seconds = 0.0  # the last proposal's time
         # Whether the time from plan to advance is this sequence's pass (not in a shared one).
         self.timed_passes = timed_passes
@@ -225,11 +225,11 @@ class Decoding:
                 started = time.perf_counter()
                 proposal = self.drafter.propose(tuple(sequence), limit)
                 self._draft_seconds = time.perf_counter() - started
-                if self.policy is not None and self._proposals:  # the first one catches up
-                    depth = proposal.depth() if isinstance(proposal, DraftTree) else \
-                        len(proposal)
-                    self.policy.record_draft_time(self._draft_seconds, depth)
-                self._proposals += 1
+                if self.policy is not None and self._proposed:  # the first one catches up
+                    proposed_depth = proposal.depth() if isinstance(proposal, DraftTree) \
+                        else len(proposal)
+                    self.policy.record_draft_time(self._draft_seconds, proposed_depth)
+                self._proposed = True
                 if isinstance(proposal, DraftTree) and trees and self.policy is not None:
                     proposal = self.policy.select(proposal, limit)
                     if proposal.is_chain:

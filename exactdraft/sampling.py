@@ -290,22 +290,20 @@ class KeyedSampler:
         # extension does itself (float32 rows), with the same NaN error.
         plain = self.native and params.temperature > 0 and not params.logit_bias and \
             not params.uses_history and rows.dtype == np.float32
+        past = None if plain else np.asarray(history, dtype=np.int64)
         tokens: list[int] = []
         for j, row in enumerate(rows):
             if plain:
                 token = sampling_native.draw(np.ascontiguousarray(row), params, pos + j)
-                tokens.append(token)
-                if j >= len(drafts) or token != drafts[j]:
-                    break
-                continue
-            row_history = np.asarray([*history, *drafts[:j]], dtype=np.int64)
-            x = self.processed(row, params, row_history, n_prompt)
-            if params.temperature == 0:
-                token = int(np.argmax(x))
-            elif self.native:
-                token = sampling_native.draw(x, params, pos + j)
             else:
-                token = _gumbel_winner(*_candidates(x, params), params.seed, pos + j)
+                row_history = np.concatenate([past, np.asarray(drafts[:j], dtype=np.int64)])
+                x = self.processed(row, params, row_history, n_prompt)
+                if params.temperature == 0:
+                    token = int(np.argmax(x))
+                elif self.native:
+                    token = sampling_native.draw(x, params, pos + j)
+                else:
+                    token = _gumbel_winner(*_candidates(x, params), params.seed, pos + j)
             tokens.append(token)
             if j >= len(drafts) or token != drafts[j]:
                 break

@@ -415,6 +415,18 @@ def test_scans_agree_where_scores_are_divided_not_multiplied(settings_):
         assert set(scan_draws(x, params, pos)) == {numpy_draw(x, params, pos)}
 
 
+@pytest.mark.parametrize("settings_", [dict(temperature=0.9, top_k=5),
+                                       dict(temperature=0.9, top_p=0.9)])
+def test_scans_agree_on_rows_that_end_inside_a_vector(settings_):
+    """Rows whose length is no multiple of eight: the SIMD scans' last, partial vector."""
+    params = SamplingParams(seed=21, **settings_)
+    for length in (1, 7, 9, 23, 1001):
+        x = processed((realistic_row(13, 2000)[:length] * np.float32(0.3)), params)
+        x[-1] = x.max()  # a strong token in the last lanes
+        for pos in range(4):
+            assert set(scan_draws(x, params, pos)) == {numpy_draw(x, params, pos)}
+
+
 def test_every_scan_finds_the_first_maximum_and_the_first_nan():
     """The row's maximum decides s0, and its first index breaks ties: rows whose maximum is
     repeated, sits in the tail past the last full vector, is -0.0 beside +0.0, or whose

@@ -11,8 +11,8 @@ job="${1:-default}"
 EXTRAS=test . scripts/install.sh
 ruff check exactdraft tests benchmarks examples
 case "$job" in
-  default) python -m pytest -q -rs ;;
-  slow) python -m pytest -q -rs -m slow ;;
-  all) python -m pytest -q -rs -m "slow or not slow" ;;
+  default) python -m pytest -q -rs --durations=15 ;;
+  slow) python -m pytest -q -rs --durations=15 -m slow ;;
+  all) python -m pytest -q -rs --durations=15 -m "slow or not slow" ;;
   *) echo "unknown job '$job' (default, slow or all)" >&2; exit 2 ;;
 esac

@@ -144,14 +144,18 @@ FULL_SETTINGS = [
 
 @pytest.mark.parametrize("settings_", FULL_SETTINGS)
 def test_full_vocabulary_rows(settings_):
+    """The literal (pure Python) reference decides the first draw; numpy, which that draw and
+    test_sampling check against the reference, decides the others, so the reference's
+    per-token loop runs once per setting."""
     params = SamplingParams(seed=20240611, **settings_)
     for row_seed in (1, 2):
         row = realistic_row(row_seed)
         x = processed(row, params)
         before = x.tobytes()
         for pos in (0, 77):
-            expected = reference_sample(row, params, pos, [], 0)
-            assert numpy_draw(x, params, pos) == expected
+            expected = numpy_draw(x, params, pos)
+            if (row_seed, pos) == (1, 0):
+                assert expected == reference_sample(row, params, pos, [], 0)
             assert native_draws(x, params, pos) == {name: expected for name in PATHS}
         assert x.tobytes() == before  # the row is only read
 

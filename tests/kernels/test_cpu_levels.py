@@ -1,7 +1,7 @@
 """Every SIMD level the package builds gives the scalar level's bits (the canonical arithmetic),
 kernel by kernel and for whole decoder layers: csrc/cpu/check_levels.c built with the level
 objects and run natively, under qemu for arm64 NEON, and with the x86 levels built on SIMDe
-where this CPU lacks their instructions.
+(the slow job, on every x86 machine) so that levels a CPU lacks are checked too.
 
 The tools come from Debian packages that scripts/install.sh installs when it can (gcc, and
 gcc-aarch64-linux-gnu, qemu-user and libsimde-dev); a test whose tool is missing is skipped
@@ -112,7 +112,10 @@ def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):
     assert "DIFFERENT" in result.stdout
 
 
-def emulated_x86(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_emulated_x86_levels_give_the_scalar_bits(tmp_path):
+    """Every x86 level on SIMDe, on any x86 machine (the one check of levels a CPU lacks)."""
     needs("gcc")
     if not SIMDE_HEADER.is_file():
         pytest.skip(f"needs the SIMDe headers ({SIMDE_HEADER}; Debian: libsimde-dev)")
@@ -120,21 +123,6 @@ def emulated_x86(tmp_path: Path) -> None:
     program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_EMULATE_X86", "-O1",
                                                  "-Wno-psabi"])
     assert_all_same(run([str(program)]), len(X86_LEVELS) + SCALAR_FMA)
-
-
-@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
-def test_x86_levels_this_cpu_lacks_give_the_scalar_bits_emulated(tmp_path):
-    missing = [level for level in X86_LEVELS if level not in cpu.simd_levels()]
-    if not missing:
-        pytest.skip("every x86 level runs natively here (the native test covers them; the "
-                    "slow job checks the emulated build too)")
-    emulated_x86(tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
-def test_emulated_x86_levels_give_the_scalar_bits(tmp_path):
-    emulated_x86(tmp_path)
 
 
 @pytest.mark.slow

@@ -35,6 +35,12 @@ _DECAY = 0.95
 _PRIORS = ((2.0, 1.0), (1.0, 1.0))
 # Sibling ranks tracked apart; later ones share the last rate.
 _RANKS = 4
+# A rank the passes do not test drifts back toward its prior at 1 - _DECAY per pass where a
+# failed probe (one draft: its extra row and the drafter's time) costs at most a tenth of a
+# pass, and proportionally slower where it costs more: where extra rows are dear (an AVX2-only
+# CPU), a drafter that stopped paying is retried less often, and its failed retries cost no
+# larger share of the time than where rows are cheap.
+_PROBE_SHARE = 0.1 * (1 - _DECAY)
 
 
 def measure_pass_costs(target: Any, widths: int, repeats: int = 2) -> list[float]:
@@ -111,12 +117,22 @@ class DepthPolicy:
         kept, rejected = self.counts[min(rank, _RANKS - 1)]
         return kept / (kept + rejected)
 
+    def _drift(self) -> float:
+        """How fast an untested rank drifts back toward its prior (_PROBE_SHARE says why)."""
+        costs = self.pass_costs
+        if len(costs) < 2:
+            return 1 - _DECAY
+        probe = (costs[1] - costs[0] + self.draft_cost) / costs[0]
+        return _PROBE_SHARE / probe if probe > _PROBE_SHARE / (1 - _DECAY) else 1 - _DECAY
+
     def _update(self, seen: dict[int, Sequence[int]]) -> None:
         """One pass's evidence per rank, (kept, rejected); a rank the pass did not test drifts
-        back toward its prior, so a policy that stopped drafting tries again later."""
+        back toward its prior, so a policy that stopped drafting tries again later (the dearer
+        a failed probe, the later)."""
+        drift = self._drift() if len(seen) < len(self.counts) else 0.0
         for rank, counts in enumerate(self.counts):
             kept, rejected = seen.get(rank, _PRIORS[min(rank, 1)])
-            weight = 1.0 if rank in seen else 1 - _DECAY
+            weight = 1.0 if rank in seen else drift
             counts[0] = counts[0] * _DECAY + kept * weight
             counts[1] = counts[1] * _DECAY + rejected * weight
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 import exactdraft as xd
+from exactdraft import depth as depth_module
 from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import DraftTree
 from tests.exactness import ExactnessCheck, OracleDrafter
@@ -26,9 +27,34 @@ def test_costly_passes_and_low_acceptance_stop_drafting_then_retry():
     for _ in range(30):
         policy.record(4, 0)
     assert policy.depth(8) == 0
-    for _ in range(60):  # passes without drafts drift back toward the prior
+    for _ in range(150):  # passes without drafts drift back toward the prior
         policy.record(0, 0)
     assert policy.depth(8) >= 1
+
+
+def wasted_share(extra_row: float, passes: int = 2000) -> tuple[float, int]:
+    """(the share of the time spent on failed drafts, how many passes drafted) for a drafter
+    whose every draft is rejected, where each row past the first costs `extra_row` of a pass."""
+    costs = [1.0 + extra_row * w for w in range(9)]
+    policy, wasted, probes = DepthPolicy(costs), 0.0, 0
+    for _ in range(passes):
+        depth = policy.depth(8)
+        if depth:
+            wasted += costs[depth] - costs[0]
+            probes += 1
+        policy.record(depth, 0)
+    return wasted / passes, probes
+
+
+@pytest.mark.parametrize("extra_row", [0.37, 0.5])
+def test_dear_rows_make_retries_rarer(extra_row, monkeypatch):
+    """Where an extra row costs 0.37 of a pass (an AVX2-only CPU) a drafter that never pays is
+    still retried, but its retries cost under 2.5% of the time; negative control: with the
+    drift of cheap rows at every cost they cost more than 3%."""
+    share, probes = wasted_share(extra_row)
+    assert probes > 10 and share < 0.025
+    monkeypatch.setattr(depth_module, "_PROBE_SHARE", 1e9)
+    assert wasted_share(extra_row)[0] > 0.03
 
 
 def test_depth_maximises_expected_tokens_per_second():

@@ -29,6 +29,14 @@ def serial(generator, prompt, **options):
     return generator.generate(prompt, drafts=False, **options)
 
 
+def without_speed(receipt: dict) -> dict:
+    """A receipt less its draft counts: how many drafts a run verifies follows the pass costs
+    the Generator measures as it runs, so two runs of one request may differ there, and only
+    there (the counts must still be consistent)."""
+    assert 0 <= receipt["accepted"] <= receipt["drafted"]
+    return {k: v for k, v in receipt.items() if k not in ("drafted", "accepted")}
+
+
 def test_chat_with_n_and_logprobs_equals_the_serial_python_api(clients, served_generator):
     client, _ = clients
     reply = client.chat.completions.create(
@@ -66,8 +74,8 @@ def test_a_streamed_chat_equals_the_whole_one(clients):
     assert text == whole.choices[0].message.content
     assert logprobs == [e.logprob for e in whole.choices[0].logprobs.content]
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
-    assert chunks[-1].choices[0].model_extra["receipt"] == \
-        whole.choices[0].model_extra["receipt"]
+    assert without_speed(chunks[-1].choices[0].model_extra["receipt"]) == \
+        without_speed(whole.choices[0].model_extra["receipt"])
 
 
 def test_a_stop_string_ends_chat_completion_and_message_where_serial_ends(clients,
@@ -100,7 +108,8 @@ def test_a_stop_string_ends_chat_completion_and_message_where_serial_ends(client
                                          messages=CHAT[1:], stop_sequences=[stop],
                                          extra_body=extra, stream=True))
     delta = next(e for e in events if e.type == "message_delta")
-    assert delta.model_extra["receipt"] == message.model_extra["receipt"]
+    assert without_speed(delta.model_extra["receipt"]) == \
+        without_speed(message.model_extra["receipt"])
     assert [e.type for e in events][-1] == "message_stop"
 
 

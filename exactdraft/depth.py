@@ -123,13 +123,13 @@ class DepthPolicy:
         if len(costs) < 2:
             return 1 - _DECAY
         probe = (costs[1] - costs[0] + self.draft_cost) / costs[0]
-        return _PROBE_SHARE / probe if probe > _PROBE_SHARE / (1 - _DECAY) else 1 - _DECAY
+        return min(1 - _DECAY, _PROBE_SHARE / probe) if probe > 0 else 1 - _DECAY
 
     def _update(self, seen: dict[int, Sequence[int]]) -> None:
         """One pass's evidence per rank, (kept, rejected); a rank the pass did not test drifts
         back toward its prior, so a policy that stopped drafting tries again later (the dearer
         a failed probe, the later)."""
-        drift = self._drift() if len(seen) < len(self.counts) else 0.0
+        drift = self._drift()
         for rank, counts in enumerate(self.counts):
             kept, rejected = seen.get(rank, _PRIORS[min(rank, 1)])
             weight = 1.0 if rank in seen else drift

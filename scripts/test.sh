@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a finished test run: creates .venv, installs exactdraft with
 # its test extras (torch 2.13.0 CPU first, so the torch range in pyproject needs nothing more),
-# the bundled SmolLM2 checkpoint, then runs ruff and pytest.
+# the bundled SmolLM2 checkpoint, then runs ruff and pytest: two workers (pytest-xdist), each
+# test file whole on one worker, so a file's fixtures and order stay as written.
 #   bash scripts/test.sh          the default job
 #   bash scripts/test.sh slow     the slower tests (larger shapes, longer runs)
 #   bash scripts/test.sh all      both
@@ -10,9 +11,10 @@ cd "$(dirname "$0")/.."
 job="${1:-default}"
 EXTRAS=test . scripts/install.sh
 ruff check exactdraft tests benchmarks examples
+workers=(-n 2 --dist loadfile)
 case "$job" in
-  default) python -m pytest -q -rs --durations=15 ;;
-  slow) python -m pytest -q -rs --durations=15 -m slow ;;
-  all) python -m pytest -q -rs --durations=15 -m "slow or not slow" ;;
+  default) python -m pytest -q -rs --durations=15 "${workers[@]}" ;;
+  slow) python -m pytest -q -rs --durations=15 "${workers[@]}" -m slow ;;
+  all) python -m pytest -q -rs --durations=15 "${workers[@]}" -m "slow or not slow" ;;
   *) echo "unknown job '$job' (default, slow or all)" >&2; exit 2 ;;
 esac

@@ -58,13 +58,11 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
     if (p->window > 0 && position - p->window + 1 > 0) first = position - p->window + 1;
 
     const ptrdiff_t all = vectors + (tail ? 1 : 0);
-    vf q[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS], acc[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS];
+    vf acc[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS];
     float running_max[MAX_SIDE_BY_SIDE], running_sum[MAX_SIDE_BY_SIDE];
     float scores[MAX_SIDE_BY_SIDE][KEY_TILE];
+    const float *query = p->q + (row * p->heads + head0) * dim;
     for (int h = 0; h < count; h++) {
-        const float *query = p->q + (row * p->heads + head0 + h) * dim;
-        for (ptrdiff_t v = 0; v < vectors; v++) q[h][v] = vf_load(query + v * VW);
-        if (tail) q[h][vectors] = vf_load_partial(query + vectors * VW, tail);
         for (ptrdiff_t v = 0; v < all; v++) acc[h][v] = vf_zero();
         running_max[h] = -INFINITY;
         running_sum[h] = 0.0f;
@@ -74,6 +72,15 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
         const ptrdiff_t hi = min_index(start + KEY_TILE - 1, position);
         for (int h = 0; h < count; h++)
             for (int j = 0; j < KEY_TILE; j++) scores[h][j] = -INFINITY;
+        /* The queries are loaded again for each tile and the barrier keeps the compiler from
+         * hoisting those loads out of the tile loop: live across the whole loop they would push
+         * the value accumulators out of the registers of a 16-register level (AVX2). */
+        __asm__ volatile("" ::: "memory");
+        vf q[MAX_SIDE_BY_SIDE][MAX_HEAD_VECTORS];
+        for (int h = 0; h < count; h++) {
+            for (ptrdiff_t v = 0; v < vectors; v++) q[h][v] = vf_load(query + h * dim + v * VW);
+            if (tail) q[h][vectors] = vf_load_partial(query + h * dim + vectors * VW, tail);
+        }
         ptrdiff_t j = lo;
         /* VW keys at a time: vf_sum_lanes reduces them with vf_sum's own tree, so a key's score
          * has the same bits here as in the one-key loop below. */

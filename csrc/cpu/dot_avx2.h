@@ -61,27 +61,31 @@ static inline __m256i broadcast_four(const int8_t *x)
 
 /* isum[r] = starts[2 r] + sum of q * x_r for q4 codes q in 0..15, row r's activations at
  * x + 32 r. Chunk t holds the codes of activations 4t..4t+3 (low nibbles) and 4(t+4)..
- * (high nibbles); each is decoded once for all rows. */
+ * (high nibbles); each is decoded once for all rows, and each row's sum is finished before
+ * the next row's starts, so that only one row's partial sums are live at a time (summing all
+ * rows chunk by chunk spills them to the stack). */
 static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x,
                                       const int32_t *starts, const int rows, vi *isum)
 {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
-    __m256i pairs[DOT_TILE_ROWS];
-    for (int r = 0; r < rows; r++) pairs[r] = _mm256_setzero_si256();
+    __m256i low[4], high[4];
     for (int t = 0; t < 4; t++) {
         const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w->chunks + t * DOT_CHUNK));
-        const __m256i low = _mm256_and_si256(bytes, nibble);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-        for (int r = 0; r < rows; r++)
-            pairs[r] = _mm256_add_epi16(
-                pairs[r],
-                _mm256_add_epi16(
-                    _mm256_maddubs_epi16(low, broadcast_four(x + 32 * r + 4 * t)),
-                    _mm256_maddubs_epi16(high, broadcast_four(x + 32 * r + 4 * (t + 4)))));
+        low[t] = _mm256_and_si256(bytes, nibble);
+        high[t] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     }
-    for (int r = 0; r < rows; r++)
+    for (int r = 0; r < rows; r++) {
+        const int8_t *xr = x + 32 * r;
+        __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low[0], broadcast_four(xr)),
+                                         _mm256_maddubs_epi16(high[0], broadcast_four(xr + 16)));
+        for (int t = 1; t < 4; t++)
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_add_epi16(_mm256_maddubs_epi16(low[t], broadcast_four(xr + 4 * t)),
+                                        _mm256_maddubs_epi16(high[t],
+                                                             broadcast_four(xr + 4 * (t + 4)))));
         isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
-                                   _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+                                   _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
 }
 
 /* The sum over chunks [from, to) of code * x for unsigned byte codes of at most 63: a pair of

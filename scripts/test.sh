@@ -11,10 +11,10 @@ cd "$(dirname "$0")/.."
 job="${1:-default}"
 EXTRAS=test . scripts/install.sh
 ruff check exactdraft tests benchmarks examples
-workers=(-n 2 --dist loadfile)
+pytest=(python -m pytest -q -rs --durations=15 -n 2 --dist loadfile)
 case "$job" in
-  default) python -m pytest -q -rs --durations=15 "${workers[@]}" ;;
-  slow) python -m pytest -q -rs --durations=15 "${workers[@]}" -m slow ;;
-  all) python -m pytest -q -rs --durations=15 "${workers[@]}" -m "slow or not slow" ;;
+  default) "${pytest[@]}" ;;
+  slow) "${pytest[@]}" -m slow ;;
+  all) "${pytest[@]}" -m "slow or not slow" ;;
   *) echo "unknown job '$job' (default, slow or all)" >&2; exit 2 ;;
 esac

@@ -76,9 +76,8 @@ static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x
     }
     for (int r = 0; r < rows; r++) {
         const int8_t *xr = x + 32 * r;
-        __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low[0], broadcast_four(xr)),
-                                         _mm256_maddubs_epi16(high[0], broadcast_four(xr + 16)));
-        for (int t = 1; t < 4; t++)
+        __m256i pairs = _mm256_setzero_si256();
+        for (int t = 0; t < 4; t++)
             pairs = _mm256_add_epi16(
                 pairs, _mm256_add_epi16(_mm256_maddubs_epi16(low[t], broadcast_four(xr + 4 * t)),
                                         _mm256_maddubs_epi16(high[t],

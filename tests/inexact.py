@@ -4,22 +4,34 @@ from __future__ import annotations
 
 from exactdraft.backends.torch_backend import TorchBackend
 
+# Greedy cases for the knife-edge checkpoint (tests/conftest.py), where the token controls
+# run: the second, 60 tokens long, also reaches attention over a longer context.
+KNIFE_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(30, 60)) * 2]
+
 
 class InexactTorchBackend(TorchBackend):
     """Matmuls without row padding (so M = 1..3 and M >= 4 take different MKL paths) and
     torch's scaled_dot_product_attention; rows of a multi-row pass get other bits, by ulps:
-    the realistic failure, which the suite's negative controls use (tests/README.md). With
-    `coarse=True` multi-row products are also scaled by a factor that grows with the row count,
-    a caricature of a kernel that changes with M; no negative control should need it."""
+    the realistic failure, which the suite's negative controls use (tests/README.md). Whether
+    MKL's paths for these tiny shapes differ is a fact about the CPU, so `split_k=True` also
+    sums multi-row products over two halves of the inner dimension, as a GEMM that picks a
+    split-K by M does: ulp-level and on every machine, for the controls that compare tokens.
+    With `coarse=True` multi-row products are also scaled by a factor that grows with the row
+    count, a caricature of a kernel that changes with M; no negative control should need it."""
 
     name = "torch-inexact"
 
-    def __init__(self, coarse: bool = False, **options):
+    def __init__(self, coarse: bool = False, split_k: bool = False, **options):
         super().__init__(**options)
         self.coarse = coarse
+        self.split_k = split_k
 
     def linear(self, x, weight, bias=None):
-        out = x @ weight
+        if self.split_k and x.shape[0] > 1:
+            half = x.shape[1] // 2
+            out = x[:, :half] @ weight[:half] + x[:, half:] @ weight[half:]
+        else:
+            out = x @ weight
         if self.coarse and x.shape[0] > 1:
             out = out * (1.0 + 0.02 * x.shape[0])
         return out if bias is None else out + bias

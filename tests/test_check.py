@@ -8,19 +8,18 @@ import exactdraft as xd
 from exactdraft.backends.registry import register_backend
 from exactdraft.check import check_exactness, first_divergence
 from exactdraft.cli import main
-from tests.inexact import InexactTorchBackend
+from tests.inexact import KNIFE_PROMPTS, InexactTorchBackend
 
 
 @pytest.fixture(scope="module", autouse=True)
 def inexact_backend_registered():
-    """The realistic inexact backend (ulp-level row-count dependence, no caricature). The check
-    harness compares tokens, so the failing cases below run on tests/conftest.py's knife-edge
-    checkpoint, whose greedy tokens flip on any ulp change of the hidden state."""
+    """The inexact backend with split-K multi-row products (ulp-level row-count dependence on
+    every CPU, no caricature). The check harness compares tokens, so the failing cases below
+    run on tests/conftest.py's knife-edge checkpoint, whose greedy tokens flip on any ulp
+    change of the hidden state."""
     register_backend("torch-inexact",
-                     lambda device=None, dtype=None: InexactTorchBackend(dtype=dtype))
-
-
-GREEDY_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(30, 60)) * 2]
+                     lambda device=None, dtype=None: InexactTorchBackend(dtype=dtype,
+                                                                         split_k=True))
 
 
 def test_first_divergence():
@@ -50,7 +49,7 @@ def test_check_passes_on_the_knife_edge_checkpoint_on_an_exact_backend(knife_edg
     tokens flip on ulp changes gives identical drafted and serial runs."""
     generator = xd.Generator.from_pretrained(knife_edge_checkpoint, backend="torch",
                                              drafter=xd.PromptLookup(min_match=1))
-    report = check_exactness(generator, GREEDY_PROMPTS, range(2),
+    report = check_exactness(generator, KNIFE_PROMPTS, range(2),
                              [xd.SamplingParams(temperature=0.0)], 40)
     assert report.passed and report.drafting_note is None
     assert_drafts_ran(report)
@@ -61,7 +60,7 @@ def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint)
         generator = xd.Generator.from_pretrained(knife_edge_checkpoint,
                                                  backend="torch-inexact",
                                                  drafter=xd.PromptLookup(min_match=1))
-    report = check_exactness(generator, GREEDY_PROMPTS, range(2),
+    report = check_exactness(generator, KNIFE_PROMPTS, range(2),
                              [xd.SamplingParams(temperature=t) for t in (0.0, 1.0)], 40)
     assert report.drafting_note is not None
     assert_drafts_ran(report)  # the check drafts anyway, to measure what drafting would do

@@ -15,9 +15,7 @@ from exactdraft.testing import (
     model_fingerprint,
     record_generation,
 )
-from tests.inexact import InexactTorchBackend
-
-KNIFE_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [3, 17, 99, 3, 17, 99, 3, 17]]
+from tests.inexact import KNIFE_PROMPTS, InexactTorchBackend
 
 
 def test_assert_drafted_equals_serial_passes(tiny_targets, knife_edge_checkpoint):
@@ -40,7 +38,8 @@ def test_assert_drafted_equals_serial_fails_on_an_inexact_backend(knife_edge_che
     backend's ulp-level row-count dependence changes."""
     from exactdraft.pretrained import build_target, load_checkpoint
 
-    target = build_target(load_checkpoint(knife_edge_checkpoint), InexactTorchBackend())
+    target = build_target(load_checkpoint(knife_edge_checkpoint),
+                          InexactTorchBackend(split_k=True))
     generator = xd.Generator(target, xd.PromptLookup(min_match=1), guard=False)
     with pytest.raises(AssertionError, match="drafted output differs from serial output"):
         assert_drafted_equals_serial(generator, KNIFE_PROMPTS, seeds=[0],

@@ -243,15 +243,21 @@ def _inexact_target_cache(tiny_checkpoints):
 
 
 @pytest.fixture
-def inexact_targets(_inexact_target_cache):
-    """variant name (and build_target options) -> model on tests/inexact.py's
-    InexactTorchBackend (realistic ulp-level non-invariance), built on first use; for negative
-    controls, with Generator(guard=False). torch runs on one thread meanwhile: its row-count
-    dependence is the same on one thread, and its two-thread runs of these tiny ops were
-    measured 10 to 20 times slower on a 2-core machine with other load."""
+def one_torch_thread():
+    """torch on one thread for the test: for the plain torch ops of the negative controls,
+    whose row-count dependence is the same on one thread, and whose two-thread runs of these
+    tiny ops were measured 10 to 20 times slower on a 2-core machine with other load."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield _inexact_target_cache
+    yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def inexact_targets(_inexact_target_cache, one_torch_thread):
+    """variant name (and build_target options) -> model on tests/inexact.py's
+    InexactTorchBackend (realistic ulp-level non-invariance), built on first use; for negative
+    controls, with Generator(guard=False), torch on one thread meanwhile."""
+    return _inexact_target_cache

@@ -55,7 +55,7 @@ def test_check_passes_on_the_knife_edge_checkpoint_on_an_exact_backend(knife_edg
     assert_drafts_ran(report)
 
 
-def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint):
+def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint, one_torch_thread):
     with pytest.warns(RuntimeWarning, match="drafting is off"):
         generator = xd.Generator.from_pretrained(knife_edge_checkpoint,
                                                  backend="torch-inexact",
@@ -71,7 +71,7 @@ def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint)
     assert "first difference at output token" in report.failures()
 
 
-def test_cli_check_exit_status(tiny_checkpoints, knife_edge_checkpoint, capsys):
+def test_cli_check_exit_status(tiny_checkpoints, knife_edge_checkpoint, capsys, one_torch_thread):
     folder = tiny_checkpoints["llama"]
     assert main(["check", folder, "--backend", "torch", "--seeds", "2", "--max-new-tokens",
                  "16", "--temperatures", "0,0.8"]) == 0

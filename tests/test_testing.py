@@ -33,7 +33,8 @@ def test_assert_drafted_equals_serial_passes(tiny_targets, knife_edge_checkpoint
     assert sum(c.drafted.stats.accepted for c in report.cases) > 0
 
 
-def test_assert_drafted_equals_serial_fails_on_an_inexact_backend(knife_edge_checkpoint):
+def test_assert_drafted_equals_serial_fails_on_an_inexact_backend(knife_edge_checkpoint,
+                                                                  one_torch_thread):
     """Negative control: with the guard off, the helper reports the drafted runs that the
     backend's ulp-level row-count dependence changes."""
     from exactdraft.pretrained import build_target, load_checkpoint

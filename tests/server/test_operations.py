@@ -1,8 +1,9 @@
 """Operating a live server: /health, the bounded queue (429 when full, every accepted request
 still answered) and clients that go away (their sequences are freed, mid-stream or while
-waiting for a whole response). The server here has one sequence and two queue places, and its
-drafter is slow on purpose (it proposes nothing, after a pause), so a request that drafts runs
-for many seconds unless it is cancelled."""
+waiting for a whole response). The server here has one sequence and two queue places, and
+every pass of its target pauses first (the pause releases the GIL, as the C kernels do), so a
+long request runs for many seconds unless it is cancelled, whatever drafting or the machine's
+load does to its speed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import concurrent.futures
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,37 +21,33 @@ import exactdraft as xd
 from tests.server.conftest import MODEL
 from tests.server.live import get, post, server_in_thread
 
-PAUSE_SECONDS = 0.1  # per drafting pass, so per token of a request that drafts
+PAUSE_SECONDS = 0.05  # before every pass, so per token
 WAIT_SECONDS = 10  # for the server to react to a client that went away
 USER = [{"role": "user", "content": "abc abc"}]
-# Greedy: the tiny model writes 348 tokens before its eos here (35 s with drafts), 900 with
+# Greedy: the tiny model writes 348 tokens before its eos here (over 17 s of pauses), 900 with
 # eos banned (OpenAI's logit_bias; /v1/messages ignores the field).
 LONG = {"model": MODEL, "messages": USER, "max_tokens": 900, "temperature": 0,
         "logit_bias": {"2": -1e9}}
-QUICK = {"model": MODEL, "messages": USER, "max_tokens": 2, "drafts": False}
+QUICK = {"model": MODEL, "messages": USER, "max_tokens": 2}
 
 
-class SlowDrafter:
-    """Proposes nothing, after a pause: each drafting pass of a request takes PAUSE_SECONDS."""
-
-    max_draft = 1
-
-    def begin(self, prompt: Sequence[int], context: Any) -> None:
-        pass
-
-    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
+def paused(run: Callable[..., Any]) -> Callable[..., Any]:
+    """`run`, starting with a pause of PAUSE_SECONDS (its results are unchanged)."""
+    def run_after_a_pause(*args: Any, **options: Any) -> Any:
         time.sleep(PAUSE_SECONDS)
-        return []
+        return run(*args, **options)
 
-    def accepted(self, proposed: int, accepted: int) -> None:
-        pass
+    return run_after_a_pause
 
 
 @pytest.fixture(scope="module")
 def slow(tiny_checkpoints: dict[str, str]) -> Iterator[tuple[str, Any, Any]]:
-    """(base url, engine, generator) of a server with max_sequences=1, max_waiting=2."""
+    """(base url, engine, generator) of a server with max_sequences=1, max_waiting=2, whose
+    target pauses before every pass."""
     generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
-                                             drafter=SlowDrafter(), progress=False)
+                                             progress=False)
+    target = generator.target
+    target.forward, target.forward_batch = paused(target.forward), paused(target.forward_batch)
     with server_in_thread(generator, MODEL, max_sequences=1, max_waiting=2) as (base, engine):
         yield base, engine, generator
 

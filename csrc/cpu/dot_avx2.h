@@ -52,6 +52,12 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
 /* q8_0 codes are read (and made signed) by dot_q8_rows as it goes. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 
+/* starts[i] + sum, or sum itself where starts is NULL (kernels.h's start_at). */
+static ALWAYS_INLINE __m256i start_plus(const int32_t *starts, int i, __m256i sum)
+{
+    return starts ? _mm256_add_epi32(_mm256_set1_epi32(starts[i]), sum) : sum;
+}
+
 static inline __m256i broadcast_four(const int8_t *x)
 {
     int32_t four;
@@ -82,8 +88,7 @@ static ALWAYS_INLINE void dot_q4_rows(const struct dot_codes *w, const int8_t *x
                 pairs, _mm256_add_epi16(_mm256_maddubs_epi16(low[t], broadcast_four(xr + 4 * t)),
                                         _mm256_maddubs_epi16(high[t],
                                                              broadcast_four(xr + 4 * (t + 4)))));
-        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
-                                   _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        isum[r] = start_plus(starts, 2 * r, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
     }
 }
 
@@ -109,8 +114,7 @@ static ALWAYS_INLINE void dot_u8_rows(const struct dot_codes *w, const int8_t *x
                                       const int32_t *starts, const int rows, vi *isum)
 {
     for (int r = 0; r < rows; r++)
-        isum[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
-                                   u8_chunks(w, x + 32 * r, 0, 8));
+        isum[r] = start_plus(starts, 2 * r, u8_chunks(w, x + 32 * r, 0, 8));
 }
 
 /* As dot_u8_rows, over activations 0..15 (isum0, from starts[2 r]) and 16..31 (isum1, from
@@ -120,10 +124,8 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
                                         vi *isum1)
 {
     for (int r = 0; r < rows; r++) {
-        isum0[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r]),
-                                    u8_chunks(w, x + 32 * r, 0, 4));
-        isum1[r] = _mm256_add_epi32(_mm256_set1_epi32(starts[2 * r + 1]),
-                                    u8_chunks(w, x + 32 * r, 4, 8));
+        isum0[r] = start_plus(starts, 2 * r, u8_chunks(w, x + 32 * r, 0, 4));
+        isum1[r] = start_plus(starts, 2 * r + 1, u8_chunks(w, x + 32 * r, 4, 8));
     }
 }
 
@@ -132,7 +134,7 @@ static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x
                                       const int32_t *starts, const int rows, vi *isum)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < rows; r++) isum[r] = _mm256_set1_epi32(starts[2 * r]);
+    for (int r = 0; r < rows; r++) isum[r] = start_plus(starts, 2 * r, _mm256_setzero_si256());
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int j = 0; j < 8; j++) {
         const __m256i code = _mm256_xor_si256(

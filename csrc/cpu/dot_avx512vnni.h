@@ -68,7 +68,7 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
     __m512i other[DOT_TILE_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
-        isum[r] = _mm512_set1_epi32(starts[2 * r]);
+        isum[r] = _mm512_set1_epi32(start_at(starts, 2 * r));
         other[r] = _mm512_setzero_si512();
     }
     const int split = rows <= 4;
@@ -94,8 +94,8 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
 {
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
-        isum0[r] = _mm512_set1_epi32(starts[2 * r]);
-        isum1[r] = _mm512_set1_epi32(starts[2 * r + 1]);
+        isum0[r] = _mm512_set1_epi32(start_at(starts, 2 * r));
+        isum1[r] = _mm512_set1_epi32(start_at(starts, 2 * r + 1));
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {

@@ -75,6 +75,10 @@ struct dot_args {
 #define FLOAT_PARAMETERS(F) ((F) == FORMAT_Q4_K || (F) == FORMAT_Q5_K || (F) == FORMAT_Q6_K)
 #define HAS_MINIMUM(F) ((F) == FORMAT_Q4_1 || (F) == FORMAT_Q5_1 || (F) == FORMAT_Q4_K || \
                         (F) == FORMAT_Q5_K)
+/* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
+ * start is 0 and the row functions get starts = NULL. */
+#define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
+                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0))
 #define PARAMETER_BYTES(F) \
     ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
 
@@ -109,7 +113,8 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         struct dot_codes w;
         const ptrdiff_t first = b * a->rows + a->first_row;
         const int8_t *x = q->values + first * QUANT_BLOCK;
-        const int32_t *starts = q->starts + 2 * first;
+        /* NULL where every start is 0: the codes carry no offset (a compile-time constant). */
+        const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * first : NULL;
         vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
         if (NIBBLE_CODES(format)) {
             dot_load_q4(record + codes + 4 * a->lane0, &w);

@@ -87,7 +87,7 @@ static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const in
                             const int rows, vi *isum)
 {
     for (int r = 0; r < rows; r++)
-        isum[r] = vaddq_s32(vdupq_n_s32(starts[2 * r]), dot_codes_sum(w, x + 32 * r, 0, 8));
+        isum[r] = vaddq_s32(vdupq_n_s32(start_at(starts, 2 * r)), dot_codes_sum(w, x + 32 * r, 0, 8));
 }
 
 /* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */
@@ -95,8 +95,10 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
                                  const int32_t *starts, const int rows, vi *isum0, vi *isum1)
 {
     for (int r = 0; r < rows; r++) {
-        isum0[r] = vaddq_s32(vdupq_n_s32(starts[2 * r]), dot_codes_sum(w, x + 32 * r, 0, 4));
-        isum1[r] = vaddq_s32(vdupq_n_s32(starts[2 * r + 1]), dot_codes_sum(w, x + 32 * r, 4, 8));
+        const int8_t *row = x + 32 * r;
+        isum0[r] = vaddq_s32(vdupq_n_s32(start_at(starts, 2 * r)), dot_codes_sum(w, row, 0, 4));
+        isum1[r] = vaddq_s32(vdupq_n_s32(start_at(starts, 2 * r + 1)),
+                             dot_codes_sum(w, row, 4, 8));
     }
 }
 

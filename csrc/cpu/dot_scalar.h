@@ -119,7 +119,8 @@ static inline vi dot_codes_sum(int32_t start, const struct dot_codes *w, const i
 static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const int32_t *starts,
                             const int rows, vi *isum)
 {
-    for (int r = 0; r < rows; r++) isum[r] = dot_codes_sum(starts[2 * r], w, x + 32 * r, 0, 32);
+    for (int r = 0; r < rows; r++)
+        isum[r] = dot_codes_sum(start_at(starts, 2 * r), w, x + 32 * r, 0, 32);
 }
 
 /* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */
@@ -127,8 +128,8 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
                                  const int32_t *starts, const int rows, vi *isum0, vi *isum1)
 {
     for (int r = 0; r < rows; r++) {
-        isum0[r] = dot_codes_sum(starts[2 * r], w, x + 32 * r, 0, 16);
-        isum1[r] = dot_codes_sum(starts[2 * r + 1], w, x + 32 * r, 16, 32);
+        isum0[r] = dot_codes_sum(start_at(starts, 2 * r), w, x + 32 * r, 0, 16);
+        isum1[r] = dot_codes_sum(start_at(starts, 2 * r + 1), w, x + 32 * r, 16, 32);
     }
 }
 

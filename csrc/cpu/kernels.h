@@ -20,6 +20,13 @@ enum weight_layout { LAYOUT_ROWS = 0, LAYOUT_GROUPED = 1, LAYOUT_DOT = 2, LAYOUT
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+/* A dot row function's start starts[i], where starts is NULL when every start is 0 (the codes
+ * carry no offset: dot_body.h's CODE_OFFSET). */
+static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
+{
+    return starts ? starts[i] : 0;
+}
+
 /* Quantized formats hold blocks of 32 weights along K. */
 #define QUANT_BLOCK 32
 /* The dot layout (quantized formats only) stores the weight rows in groups of DOT_GROUP: for

@@ -1,0 +1,139 @@
+"""The integer-dot matmuls of a whole model, this checkout's extension against another build of
+it, alternated in one process.
+
+    git worktree add /tmp/before HEAD~1 && (cd /tmp/before && python setup.py build_ext --inplace)
+    python benchmarks/matmul_ab.py --other /tmp/before [--rows 1,8] [--rounds 15]
+
+Both builds are loaded side by side (the same module name from two files), every quantized
+matrix of the bundled SmolLM2 (or --model) is packed once in the dot layout, and each round
+runs all of them in model order at each row count M, once per build, the builds alternating,
+so that a noisy machine's load falls on both alike. Reported per M: the median milliseconds of
+a round for each build and their ratio, and whether the two builds' outputs of every matrix
+have the same bytes; with M = 1 and M = 8, also what a W = 8 pass of those matmuls costs over
+a one-row step for each build. Exits 1 when the builds' bits differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_bench import machine  # noqa: E402
+
+
+def extension(location: Path):
+    """The C extension module built in a checkout (or the file itself), loaded on its own."""
+    files = [location] if location.is_file() else \
+        sorted((location / "exactdraft").glob("_cpu_kernels*.so"))
+    if not files:
+        raise SystemExit(f"no built _cpu_kernels extension in {location}/exactdraft")
+    spec = importlib.util.spec_from_file_location("exactdraft._cpu_kernels", files[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_matrices(model: str | None) -> list:
+    """Every quantized matrix of the checkpoint (the tied embedding as the output matrix), in
+    model order, packed in the dot layout."""
+    from exactdraft import pretrained
+    from exactdraft.kernels.cpu_weights import FORMAT_ROWS, pack_matrix
+
+    checkpoint = pretrained.load_checkpoint(model, keep_quantized=True, with_tokenizer=False)
+    packed = []
+    for name, tensor in checkpoint.tensors.items():
+        quantized = getattr(tensor, "format", None)
+        if quantized in FORMAT_ROWS and FORMAT_ROWS[quantized].integer_dot:
+            packed.append((name, pack_matrix(tensor, layout="dot")))
+    return packed
+
+
+def multiply(module, w, x: np.ndarray, out: np.ndarray) -> None:
+    """out [M, N] = x [M, K] times the packed w [N, K] transposed, by `module`."""
+    from exactdraft.kernels.cpu_weights import FORMAT_CODES
+
+    columns, depth = w.shape
+    module.matmul(x.ctypes.data, x.shape[0], depth, w.address, columns, FORMAT_CODES[w.format],
+                  w.layout_code, 0, out.ctypes.data, 0)
+
+
+def one_round(module, matrices, inputs, outputs) -> float:
+    started = time.perf_counter()
+    for _, w in matrices:
+        multiply(module, w, inputs[w.shape[1]], outputs[w.shape[0]])
+    return time.perf_counter() - started
+
+
+def same_bits(builds: dict, matrices, inputs) -> bool:
+    """Whether every matrix gives the same output bytes in every build."""
+    for _, w in matrices:
+        x = inputs[w.shape[1]]
+        results = []
+        for module in builds.values():
+            out = np.empty((x.shape[0], w.shape[0]), np.float32)
+            multiply(module, w, x, out)
+            results.append(out.tobytes())
+        if len(set(results)) > 1:
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--other", type=Path, required=True,
+                        help="a checkout with its extension built in place, or the .so file")
+    parser.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2)")
+    parser.add_argument("--rows", default="1,8", help="comma list of row counts M")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    builds = {"this": extension(ROOT), "other": extension(args.other)}
+    for module in builds.values():
+        module.set_num_threads(args.threads)
+    matrices = model_matrices(args.model)
+    info = machine()
+    print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
+          f"--rounds {args.rounds} --threads {args.threads}")
+    print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "
+          f"{len(matrices)} matrices")
+    rng = np.random.default_rng(0)
+    widths = [int(value) for value in args.rows.split(",")]
+    depths = {w.shape[1] for _, w in matrices}
+    columns = {w.shape[0] for _, w in matrices}
+    times: dict[tuple[str, int], list[float]] = {(b, m): [] for b in builds for m in widths}
+    buffers = {m: ({d: rng.standard_normal((m, d)).astype(np.float32) for d in depths},
+                   {c: np.empty((m, c), np.float32) for c in columns}) for m in widths}
+    identical = {m: same_bits(builds, matrices, buffers[m][0]) for m in widths}
+    for module in builds.values():  # warm both builds' code and the weights' pages
+        for m in widths:
+            one_round(module, matrices, *buffers[m])
+    for _ in range(args.rounds):
+        for m in widths:
+            for name, module in builds.items():
+                times[(name, m)].append(one_round(module, matrices, *buffers[m]))
+    medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
+    for m in widths:
+        print(json.dumps({"rows": m, "this_ms": round(medians[("this", m)], 3),
+                          "other_ms": round(medians[("other", m)], 3),
+                          "this_over_other": round(medians[("this", m)] /
+                                                   medians[("other", m)], 3),
+                          "same_bits": identical[m]}))
+    if 1 in widths and 8 in widths:
+        for name in builds:
+            print(json.dumps({"build": name, "w8_over_step": round(
+                medians[(name, 8)] / medians[(name, 1)], 3)}))
+    return 0 if all(identical.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

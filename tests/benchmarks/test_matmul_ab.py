@@ -1,0 +1,50 @@
+"""benchmarks/matmul_ab.py: a smoke run of the build against itself (no timing is asserted) and
+its bit comparison, with a build that computes something else as the negative control."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import matmul_ab  # noqa: E402
+
+
+def test_against_itself_reports_same_bits():
+    built = sorted((ROOT / "exactdraft").glob("_cpu_kernels*.so"))[0]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "matmul_ab.py"), "--other",
+                           str(built), "--rows", "1,3,8", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["rows"] for r in records if "rows" in r] == [1, 3, 8]
+    assert all(r["same_bits"] for r in records if "rows" in r)
+    assert {r["build"] for r in records if "build" in r} == {"this", "other"}
+
+
+class OffByOneUlp:
+    """A "build" whose products are the real ones moved by one ulp."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def matmul(self, x, rows, depth, weight, columns, format, layout, bias, out, flags):
+        self.real.matmul(x, rows, depth, weight, columns, format, layout, bias, out, flags)
+        view = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_float * (rows * columns))
+                                     .from_address(out))
+        view[:] = np.nextafter(view, np.float32(np.inf))
+
+
+def test_same_bits_sees_one_ulp():
+    real = matmul_ab.extension(ROOT)
+    matrices = matmul_ab.model_matrices(None)[:3]
+    rng = np.random.default_rng(0)
+    inputs = {w.shape[1]: rng.standard_normal((2, w.shape[1])).astype(np.float32)
+              for _, w in matrices}
+    assert matmul_ab.same_bits({"a": real, "b": real}, matrices, inputs)
+    assert not matmul_ab.same_bits({"a": real, "b": OffByOneUlp(real)}, matrices, inputs)

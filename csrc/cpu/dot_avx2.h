@@ -52,10 +52,10 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
 /* q8_0 codes are read (and made signed) by dot_q8_rows as it goes. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 
-/* starts[i] + sum, or sum itself where starts is NULL (kernels.h's start_at). */
+/* starts[i] + sum (kernels.h's start_at: where starts is NULL, the add folds away). */
 static ALWAYS_INLINE __m256i start_plus(const int32_t *starts, int i, __m256i sum)
 {
-    return starts ? _mm256_add_epi32(_mm256_set1_epi32(starts[i]), sum) : sum;
+    return _mm256_add_epi32(_mm256_set1_epi32(start_at(starts, i)), sum);
 }
 
 static inline __m256i broadcast_four(const int8_t *x)

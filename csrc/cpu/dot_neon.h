@@ -87,7 +87,8 @@ static inline void dot_rows(const struct dot_codes *w, const int8_t *x, const in
                             const int rows, vi *isum)
 {
     for (int r = 0; r < rows; r++)
-        isum[r] = vaddq_s32(vdupq_n_s32(start_at(starts, 2 * r)), dot_codes_sum(w, x + 32 * r, 0, 8));
+        isum[r] = vaddq_s32(vdupq_n_s32(start_at(starts, 2 * r)),
+                            dot_codes_sum(w, x + 32 * r, 0, 8));
 }
 
 /* As dot_rows over activations 0..15 (isum0) and 16..31 (isum1). */

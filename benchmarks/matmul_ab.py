@@ -43,6 +43,19 @@ def extension(location: Path):
     return module
 
 
+def other_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--other", type=Path, required=True,
+                        help="a checkout with its extension built in place, or the .so file")
+
+
+def load_builds(other: Path, threads: int) -> dict:
+    """{"this": this checkout's extension, "other": the other build's}, on `threads` threads."""
+    builds = {"this": extension(ROOT), "other": extension(other)}
+    for module in builds.values():
+        module.set_num_threads(threads)
+    return builds
+
+
 def model_matrices(model: str | None) -> list:
     """Every quantized matrix of the checkpoint (the tied embedding as the output matrix), in
     model order, packed in the dot layout."""
@@ -76,30 +89,29 @@ def one_round(module, matrices, inputs, outputs) -> float:
 
 def same_bits(builds: dict, matrices, inputs) -> bool:
     """Whether every matrix gives the same output bytes in every build."""
-    for _, w in matrices:
+    def product(module, w) -> bytes:
         x = inputs[w.shape[1]]
-        results = []
-        for module in builds.values():
-            out = np.empty((x.shape[0], w.shape[0]), np.float32)
-            multiply(module, w, x, out)
-            results.append(out.tobytes())
-        if len(set(results)) > 1:
-            return False
-    return True
+        out = np.empty((x.shape[0], w.shape[0]), np.float32)
+        multiply(module, w, x, out)
+        return out.tobytes()
+
+    return all(agree(builds, product, w) for _, w in matrices)
+
+
+def agree(builds: dict, output, *args) -> bool:
+    """Whether output(module, *args), bytes, is the same for every build."""
+    return len({output(module, *args) for module in builds.values()}) == 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--other", type=Path, required=True,
-                        help="a checkout with its extension built in place, or the .so file")
+    other_argument(parser)
     parser.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2)")
     parser.add_argument("--rows", default="1,8", help="comma list of row counts M")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    builds = {"this": extension(ROOT), "other": extension(args.other)}
-    for module in builds.values():
-        module.set_num_threads(args.threads)
+    builds = load_builds(args.other, args.threads)
     matrices = model_matrices(args.model)
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "

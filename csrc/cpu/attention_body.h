@@ -16,9 +16,9 @@
 #ifndef ATTENTION_KEY_UNROLL
 #define ATTENTION_KEY_UNROLL 16
 #endif
+/* Two steps, so that the count is expanded before it is quoted. */
 #define UNROLL_PRAGMA(text) _Pragma(#text)
 #define UNROLL_BY(n) UNROLL_PRAGMA(GCC unroll n)
-#define UNROLL_KEYS UNROLL_BY(ATTENTION_KEY_UNROLL)
 /* The most query heads computed side by side. */
 #define MAX_SIDE_BY_SIDE 4
 
@@ -97,7 +97,7 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
                 /* Unrolled (ATTENTION_KEY_UNROLL keys), so that the keys' independent chains
                  * of fused multiply-adds interleave; the order of operations is the same for
                  * any unroll. */
-                UNROLL_KEYS
+                UNROLL_BY(ATTENTION_KEY_UNROLL)
                 for (int k = 0; k < VW; k++)
                     dots[k] =
                         key_dot(q[h], keys + key_slot(p, row, j + k) * dim, vectors, tail);

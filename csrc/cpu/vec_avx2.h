@@ -14,7 +14,7 @@
 #define TILE_COLUMNS 4
 /* Vectors (of VW lanes) attention may fill with one head's accumulators, side by side. */
 #define ATTENTION_REGISTERS 4
-/* Keys of attention's VW-key loop unrolled: 4 ran 3-5% faster than 16 on Zen 3 (the same
+/* Keys of attention's VW-key loop unrolled: 4 ran 2-5% faster than 16 at 8 rows on Zen 3 (the same
  * bits; benchmarks/attention_ab.py). */
 #define ATTENTION_KEY_UNROLL 4
 

@@ -110,12 +110,19 @@ def main() -> int:
     parser.add_argument("--rows", default="1,8", help="comma list of row counts M")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--formats", default=None,
+                        help="comma list of weight formats to keep (default: all)")
     args = parser.parse_args()
     builds = load_builds(args.other, args.threads)
     matrices = model_matrices(args.model)
+    if args.formats:
+        matrices = [(name, w) for name, w in matrices if w.format in args.formats.split(",")]
+        if not matrices:
+            raise SystemExit(f"no matrix of format {args.formats} in the model")
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
-          f"--rounds {args.rounds} --threads {args.threads}")
+          f"--rounds {args.rounds} --threads {args.threads}"
+          + (f" --formats {args.formats}" if args.formats else ""))
     print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "
           f"{len(matrices)} matrices")
     rng = np.random.default_rng(0)

@@ -24,9 +24,15 @@ One process, `--threads` threads (torch and exactdraft's C kernels), the model l
    batch API in a subprocess (llama.cpp's `batched` example): the same requests prefilled one by
    one, then decoded together in one llama_decode per step (one sequence per slot), against each
    decoded alone; its decode tokens/s ratio and whether concurrent outputs equal solo outputs.
+5. Servers side by side, also only with `--llama-python`: exactdraft's server and llama.cpp's
+   (llama-cpp-python[server]) answer the same `--streams` non-streamed chat requests, solo and
+   all at once (server_peers.py): each one's throughput, concurrent over solo, whether its
+   concurrent replies equal its solo ones, and the two servers' throughput ratio.
 
-Medians of `--repeats` for parts 2 and 3. Prints the SIMD level, the command and every figure;
-writes serve_bench.json to `--out`. Exits 1 when an output differed.
+Medians of `--repeats` runs for part 2 and `--server-repeats` for part 3 (the server and the
+API alternating, so that a noisy machine's load falls on both alike). Prints the SIMD level,
+the command and every figure; writes serve_bench.json to `--out`. Exits 1 when an output
+differed.
 """
 
 from __future__ import annotations
@@ -37,13 +43,13 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import machine, resolve_model  # noqa: E402
+from server_peers import exactdraft_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
@@ -191,37 +197,30 @@ def stream_in_python(generator, messages: list[dict], options: dict):
 
 def server(generator, args) -> dict:
     try:
-        from exactdraft.server import bound_address, build
         from exactdraft.server.service import token_digest
-
-        served = build(generator, "bench", port=0, prefix_cache_bytes=0)
     except ImportError as error:
         return {"skipped": f"the server extra is not installed ({error})"}
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
-    while not served.started:
-        if not thread.is_alive():
-            return {"skipped": "the server did not start"}
-        time.sleep(0.02)
-    host, port = bound_address(served)
     messages, seed = requests(1)[0]
     body = {"messages": messages, "max_tokens": args.tokens, "temperature": 0.7, "seed": seed,
             "stream": True}
     api, http, same_text, same_tokens = [], [], [], []
     try:
-        for _ in range(args.repeats):
-            first, decode, text, receipt = stream_over_http(f"http://{host}:{port}", body)
-            n = receipt.get("completion_tokens", 0)
-            http.append((n / (first + decode), per_second(n - 1, decode), first))
-            first, decode, result = stream_in_python(
-                generator, messages, dict(max_new_tokens=args.tokens, temperature=0.7, seed=seed))
-            api.append((len(result.tokens) / (first + decode),
-                        per_second(len(result.tokens) - 1, decode), first))
-            same_text.append(text == result.text)
-            same_tokens.append(receipt.get("token_ids_sha256") == token_digest(result.tokens))
-    finally:
-        served.should_exit = True
-        thread.join(timeout=60)
+        with exactdraft_server(generator, 8) as base:
+            for _ in range(args.server_repeats):
+                first, decode, text, receipt = stream_over_http(base, body)
+                n = receipt.get("completion_tokens", 0)
+                http.append((n / (first + decode), per_second(n - 1, decode), first))
+                first, decode, result = stream_in_python(
+                    generator, messages,
+                    dict(max_new_tokens=args.tokens, temperature=0.7, seed=seed))
+                api.append((len(result.tokens) / (first + decode),
+                            per_second(len(result.tokens) - 1, decode), first))
+                same_text.append(text == result.text)
+                same_tokens.append(receipt.get("token_ids_sha256") == token_digest(result.tokens))
+    except ImportError as error:
+        return {"skipped": f"the server extra is not installed ({error})"}
+    except RuntimeError as error:
+        return {"skipped": str(error)}
     figures = {"tokens": n}
     for side, runs in (("api", api), ("server", http)):
         figures[f"{side}_tokens_per_second"] = statistics.median(r for r, _, _ in runs)
@@ -310,14 +309,34 @@ def llama_cpp(generator, model: str | None, args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def show(name: str, part: dict) -> None:
+def servers(generator, model: str | None, args) -> dict:
+    if not args.llama_python or args.skip_server:
+        return {"skipped": "no --llama-python given" if not args.llama_python else "--skip-server"}
+    if not model or not model.endswith(".gguf"):
+        return {"skipped": f"llama.cpp needs a GGUF model, not {model}"}
+    try:
+        import exactdraft.server  # noqa: F401
+    except ImportError as error:
+        return {"skipped": f"the server extra is not installed ({error})"}
+    from server_peers import compare
+
+    try:
+        return compare(generator, model, args.llama_python, args.threads,
+                       requests(args.streams), args.tokens)
+    except RuntimeError as error:
+        return {"skipped": str(error)}
+
+
+def show(name: str, part: dict, indent: str = "") -> None:
     if "skipped" in part:
-        print(f"{name}: skipped: {part['skipped']}")
+        print(f"{indent}{name}: skipped: {part['skipped']}")
         return
-    print(f"{name}:")
+    print(f"{indent}{name}:")
     for key, value in part.items():
-        if key not in ("runs", "identical"):
-            print(f"  {key}: {f'{value:.3f}' if isinstance(value, float) else value}")
+        if isinstance(value, dict):
+            show(key, value, indent + "  ")
+        elif key not in ("runs", "identical"):
+            print(f"{indent}  {key}: {f'{value:.3f}' if isinstance(value, float) else value}")
 
 
 def main() -> int:
@@ -327,7 +346,8 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--prefix-tokens", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of parts 2 and 3 (max 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of part 2 (max 3)")
+    parser.add_argument("--server-repeats", type=int, default=7, help="runs of part 3")
     parser.add_argument("--skip-server", action="store_true")
     parser.add_argument("--llama-python", default=None,
                         help="a Python with llama-cpp-python, for the llama.cpp comparison")
@@ -338,6 +358,7 @@ def main() -> int:
         print(json.dumps(llama_worker(json.loads(args.llama_worker))))
         return 0
     args.repeats = max(1, min(args.repeats, len(PREFIX_QUESTIONS) - 1))
+    args.server_repeats = max(1, args.server_repeats)
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     import torch
 
@@ -362,8 +383,12 @@ def main() -> int:
     show("server", report["server"])
     report["llama_cpp"] = llama_cpp(generator, resolve_model(args.model), args)
     show("llama_cpp", report["llama_cpp"])
-    exact = [report[k]["all_identical"] for k in ("concurrency", "prefix_cache", "server")
-             if "all_identical" in report[k]]
+    print("running servers ...", file=sys.stderr)
+    report["servers"] = servers(generator, resolve_model(args.model), args)
+    show("servers", report["servers"])
+    ours = [report[k] for k in ("concurrency", "prefix_cache", "server")] + \
+        [report["servers"].get("exactdraft", {})]
+    exact = [part["all_identical"] for part in ours if "all_identical" in part]
     report["all_identical"] = all(exact)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

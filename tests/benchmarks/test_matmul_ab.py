@@ -48,3 +48,14 @@ def test_same_bits_sees_one_ulp():
               for _, w in matrices}
     assert matmul_ab.same_bits({"a": real, "b": real}, matrices, inputs)
     assert not matmul_ab.same_bits({"a": real, "b": OffByOneUlp(real)}, matrices, inputs)
+
+
+def test_formats_keep_only_those_matrices():
+    built = sorted((ROOT / "exactdraft").glob("_cpu_kernels*.so"))[0]
+    command = [sys.executable, str(ROOT / "benchmarks" / "matmul_ab.py"), "--other", str(built),
+               "--rows", "1", "--rounds", "1", "--formats"]
+    done = subprocess.run(command + ["q8_0"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "; 1 matrices" in done.stdout  # SmolLM2's q8_0 matrix is its tied output matrix
+    missing = subprocess.run(command + ["q5_k"], capture_output=True, text=True, timeout=600)
+    assert missing.returncode != 0 and "no matrix of format q5_k" in missing.stderr

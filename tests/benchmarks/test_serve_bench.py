@@ -19,7 +19,8 @@ def test_serve_bench_smoke(tmp_path):
     out = tmp_path / "results"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"),
                            "--model", model, "--streams", "3", "--tokens", "6",
-                           "--prefix-tokens", "64", "--repeats", "1", "--out", str(out)],
+                           "--prefix-tokens", "64", "--repeats", "1", "--server-repeats", "1",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "SIMD level:" in done.stdout and "command: python" in done.stdout
@@ -43,3 +44,4 @@ def test_serve_bench_smoke(tmp_path):
     else:
         assert "skipped" in served
     assert "skipped" in report["llama_cpp"]  # no --llama-python given
+    assert "skipped" in report["servers"]

@@ -31,13 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import machine  # noqa: E402
 
 
-def extension(location: Path):
-    """The C extension module built in a checkout (or the file itself), loaded on its own."""
+def extension(location: Path, name: str = "_cpu_kernels"):
+    """The C extension module `name` built in a checkout (or the file itself), loaded on its
+    own."""
     files = [location] if location.is_file() else \
-        sorted((location / "exactdraft").glob("_cpu_kernels*.so"))
+        sorted((location / "exactdraft").glob(f"{name}*.so"))
     if not files:
-        raise SystemExit(f"no built _cpu_kernels extension in {location}/exactdraft")
-    spec = importlib.util.spec_from_file_location("exactdraft._cpu_kernels", files[0])
+        raise SystemExit(f"no built {name} extension in {location}/exactdraft")
+    spec = importlib.util.spec_from_file_location(f"exactdraft.{name}", files[0])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

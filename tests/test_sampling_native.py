@@ -438,7 +438,7 @@ def test_every_scan_finds_the_first_maximum_and_the_first_nan():
     draw = native_module().draw
     rows = []
     bulk = realistic_row(9, 100).astype(np.float64)
-    for length in (1, 7, 8, 9, 23, 100):
+    for length in (1, 7, 8, 9, 15, 16, 17, 23, 33, 100):
         row = bulk[:length].copy()
         row[-1] = row.max() + 1.0  # the maximum in the tail
         rows.append(row)
@@ -452,11 +452,17 @@ def test_every_scan_finds_the_first_maximum_and_the_first_nan():
             expected = numpy_draw(row, params, pos)
             for scan in native_module().scans():
                 assert draw(row, 0.7, 0, 1.0, 0.0, 3, pos, 0, scan) == expected
-    nan_row = np.arange(40, dtype=np.float64)
-    nan_row[[17, 33]] = np.nan
-    for scan in native_module().scans():
-        with pytest.raises(ValueError, match="NaN at token 17"):
-            draw(nan_row, 0.7, 0, 1.0, 0.0, 3, 0, 0, scan)
+        greedy = numpy_draw(row, SamplingParams(temperature=0.0), 0)  # the first maximum
+        assert greedy == int(np.argmax(row))
+        for scan in native_module().scans():
+            assert draw(row, 0.0, 0, 1.0, 0.0, 3, 0, 0, scan) == greedy
+    for first, second in ((17, 33), (3, 37), (36, 38), (1, 2)):  # in a block, in the tail
+        nan_row = np.arange(40, dtype=np.float64)
+        nan_row[[first, second]] = np.nan
+        for scan in native_module().scans():
+            for temperature in (0.7, 0.0):
+                with pytest.raises(ValueError, match=f"NaN at token {first}$"):
+                    draw(nan_row, temperature, 0, 1.0, 0.0, 3, 0, 0, scan)
 
 
 def test_a_scan_this_cpu_lacks_is_refused():

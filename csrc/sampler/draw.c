@@ -24,8 +24,9 @@
  * - top-p sums only what can move the cut (top_p.c);
  * - which tokens pass a bound on s = x / T is decided by x * fl(1 / T) where that is provably
  *   the same answer, by the division otherwise (scaled_at_least), and scores use the division;
- * - the row's maximum, and the candidates and buckets top-k and top-p start from, are found
- *   eight tokens at a time where the CPU has AVX-512 (the same decisions, in id order);
+ * - the row's maximum is found four tokens at a time with AVX2 and eight with AVX-512, and the
+ *   candidates and buckets top-k and top-p start from eight at a time with AVX-512 (the same
+ *   decisions, in id order);
  * - the plain draw (no top-k, no top-p) hashes the whole row in one branch-free scan, with
  *   AVX-512 or AVX2 where the CPU has it, and hands consider() only the tokens the cap test
  *   below lets through (open_candidates); the AVX2 scan's caps are never below the scalar
@@ -363,17 +364,25 @@ static struct draw_result outcome(enum draw_status status, size_t index, double 
     return result;
 }
 
+/* first_maximum with the scan's instructions. */
+static int row_maximum(enum row_scan scan, const double *x, size_t n, size_t *index)
+{
+#if defined(HAVE_OPEN_AVX512)
+    if (scan == SCAN_AVX512) return first_maximum_avx512(x, n, index);
+#endif
+#if defined(HAVE_OPEN_AVX2)
+    if (scan == SCAN_AVX2) return first_maximum_avx2(x, n, index);
+#endif
+    (void)scan;
+    return first_maximum(x, n, index);
+}
+
 struct draw_result draw(const struct draw_request *r)
 {
     const double *x = r->x, temperature = r->temperature;
     size_t top = 0;
     const enum row_scan scan = resolve_scan(r->scan);
-#if defined(HAVE_OPEN_AVX512)
-    const int nan = scan == SCAN_AVX512 ? first_maximum_avx512(x, r->vocab, &top)
-                                        : first_maximum(x, r->vocab, &top);
-#else
-    const int nan = first_maximum(x, r->vocab, &top);
-#endif
+    const int nan = row_maximum(scan, x, r->vocab, &top);
     if (nan) return outcome(DRAW_NAN, top, 0.0);
     if (temperature == 0.0) return outcome(DRAW_OK, top, 0.0);
     const double best_x = x[top], s0 = best_x / temperature;

@@ -147,6 +147,50 @@ __attribute__((target("avx2"))) static void widen_avx2(const float *row, double 
 }
 #endif
 
+#if defined(HAVE_OPEN_AVX2)
+/* first_maximum four values at a time in four running maxima: the same index (the maximum is
+ * one of the values, and the first lane equal to it, or the first NaN, is found in index
+ * order; a NaN that max_pd lets into a running maximum matters only where the row has one, and
+ * then the NaN is what is looked for). */
+__attribute__((target("avx2"))) static int first_maximum_avx2(const double *x, size_t n,
+                                                              size_t *index)
+{
+    enum { RUNNING = 4, BLOCK = 4 * RUNNING };
+    __m256d top[RUNNING], nan = _mm256_setzero_pd();
+    for (int a = 0; a < RUNNING; a++) top[a] = _mm256_set1_pd(x[0]);
+    size_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK)
+        for (int a = 0; a < RUNNING; a++) {
+            const __m256d values = _mm256_loadu_pd(x + i + 4 * a);
+            nan = _mm256_or_pd(nan, _mm256_cmp_pd(values, values, _CMP_UNORD_Q));
+            top[a] = _mm256_max_pd(top[a], values);
+        }
+    double lanes[BLOCK];
+    for (int a = 0; a < RUNNING; a++) _mm256_storeu_pd(lanes + 4 * a, top[a]);
+    double best = lanes[0];
+    for (int j = 1; j < BLOCK; j++) best = lanes[j] > best ? lanes[j] : best;
+    int any_nan = _mm256_movemask_pd(nan) != 0;
+    for (; i < n; i++) {
+        any_nan |= x[i] != x[i];
+        best = x[i] > best ? x[i] : best;
+    }
+    const __m256d wanted = _mm256_set1_pd(best);
+    for (i = 0; i + 4 <= n; i += 4) {
+        const __m256d values = _mm256_loadu_pd(x + i);
+        const int hit = _mm256_movemask_pd(any_nan
+                                               ? _mm256_cmp_pd(values, values, _CMP_UNORD_Q)
+                                               : _mm256_cmp_pd(values, wanted, _CMP_EQ_OQ));
+        if (hit) {
+            *index = i + (size_t)__builtin_ctz((unsigned)hit);
+            return -any_nan;
+        }
+    }
+    for (; any_nan ? x[i] == x[i] : !(x[i] == best); i++) continue;
+    *index = i;
+    return -any_nan;
+}
+#endif
+
 #if defined(HAVE_OPEN_AVX512)
 /* collect() eight tokens at a time on AVX-512 (the last, partial eight masked), with the same
  * decisions in the same id order and the same buckets: for the top-k draw, scaled_at_least's

@@ -3,8 +3,6 @@ and its bit comparison, with a build that computes something else as the negativ
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,14 +13,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import attention_ab  # noqa: E402
 from matmul_ab import extension  # noqa: E402
 
+from tests.benchmarks.against_itself import run_against_itself  # noqa: E402
+
 
 def test_against_itself_reports_same_bits():
-    built = sorted((ROOT / "exactdraft").glob("_cpu_kernels*.so"))[0]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_ab.py"),
-                           "--other", str(built), "--rounds", "1"],
-                          capture_output=True, text=True, timeout=600)
+    done, records = run_against_itself("attention_ab.py", "_cpu_kernels", "--rounds", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert records[0] == {"same_bits": True}
     assert [(r["rows"], r["context"]) for r in records[1:]] == [(1, 256), (8, 256), (1, 1024),
                                                                  (8, 1024)]

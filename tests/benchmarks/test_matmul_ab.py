@@ -3,8 +3,6 @@ its bit comparison, with a build that computes something else as the negative co
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,14 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import matmul_ab  # noqa: E402
 
+from tests.benchmarks.against_itself import run_against_itself  # noqa: E402
+
 
 def test_against_itself_reports_same_bits():
-    built = sorted((ROOT / "exactdraft").glob("_cpu_kernels*.so"))[0]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "matmul_ab.py"), "--other",
-                           str(built), "--rows", "1,3,8", "--rounds", "1"],
-                          capture_output=True, text=True, timeout=600)
+    done, records = run_against_itself("matmul_ab.py", "_cpu_kernels", "--rows", "1,3,8",
+                                       "--rounds", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["rows"] for r in records if "rows" in r] == [1, 3, 8]
     assert all(r["same_bits"] for r in records if "rows" in r)
     assert {r["build"] for r in records if "build" in r} == {"this", "other"}
@@ -51,11 +48,9 @@ def test_same_bits_sees_one_ulp():
 
 
 def test_formats_keep_only_those_matrices():
-    built = sorted((ROOT / "exactdraft").glob("_cpu_kernels*.so"))[0]
-    command = [sys.executable, str(ROOT / "benchmarks" / "matmul_ab.py"), "--other", str(built),
-               "--rows", "1", "--rounds", "1", "--formats"]
-    done = subprocess.run(command + ["q8_0"], capture_output=True, text=True, timeout=600)
+    arguments = ("matmul_ab.py", "_cpu_kernels", "--rows", "1", "--rounds", "1", "--formats")
+    done, _ = run_against_itself(*arguments, "q8_0")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "; 1 matrices" in done.stdout  # SmolLM2's q8_0 matrix is its tied output matrix
-    missing = subprocess.run(command + ["q5_k"], capture_output=True, text=True, timeout=600)
+    missing, _ = run_against_itself(*arguments, "q5_k")
     assert missing.returncode != 0 and "no matrix of format q5_k" in missing.stderr

@@ -312,6 +312,12 @@ static void collect(const struct draw_request *r, enum row_scan scan, const stru
         return;
     }
 #endif
+#if defined(HAVE_OPEN_AVX2)
+    if (scan == SCAN_AVX2) {
+        c->count = collect_avx2(r, z, s0, for_top_p, c->ids, c->buckets);
+        return;
+    }
+#endif
     (void)scan;
     if (!for_top_p) {
         c->count = scaled_at_least(r, z, s0 - IRRELEVANT_BELOW, c->ids);

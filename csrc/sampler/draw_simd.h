@@ -191,6 +191,109 @@ __attribute__((target("avx2"))) static int first_maximum_avx2(const double *x, s
 }
 #endif
 
+/* pshufb masks that move the 32-bit lanes a 4-bit mask keeps to the front, in lane order. */
+static const uint8_t kept_lanes_front[16][16] = {
+#define LANE_BYTES(l) 4 * (l), 4 * (l) + 1, 4 * (l) + 2, 4 * (l) + 3
+#define NONE 0x80, 0x80, 0x80, 0x80
+    {NONE, NONE, NONE, NONE},
+    {LANE_BYTES(0), NONE, NONE, NONE},
+    {LANE_BYTES(1), NONE, NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(1), NONE, NONE},
+    {LANE_BYTES(2), NONE, NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(2), NONE, NONE},
+    {LANE_BYTES(1), LANE_BYTES(2), NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(1), LANE_BYTES(2), NONE},
+    {LANE_BYTES(3), NONE, NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(3), NONE, NONE},
+    {LANE_BYTES(1), LANE_BYTES(3), NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(1), LANE_BYTES(3), NONE},
+    {LANE_BYTES(2), LANE_BYTES(3), NONE, NONE},
+    {LANE_BYTES(0), LANE_BYTES(2), LANE_BYTES(3), NONE},
+    {LANE_BYTES(1), LANE_BYTES(2), LANE_BYTES(3), NONE},
+    {LANE_BYTES(0), LANE_BYTES(1), LANE_BYTES(2), LANE_BYTES(3)},
+#undef LANE_BYTES
+#undef NONE
+};
+
+/* collect() four tokens at a time with AVX2 (the last, partial four one token at a time), with
+ * the same decisions in the same id order and the same buckets: for the top-k draw,
+ * scaled_at_least's tests (a token whose product falls within the margin is decided by the
+ * quotient) and buckets from the rough s, clamped as collect() clamps them; for top-p, the
+ * quotient's difference and its bucket. Returns the count. */
+__attribute__((target("avx2"))) static size_t collect_avx2(const struct draw_request *r,
+                                                           const struct scaling *z, double s0,
+                                                           int for_top_p, uint32_t *ids,
+                                                           uint32_t *buckets)
+{
+    const double *x = r->x;
+    const double lower = s0 - IRRELEVANT_BELOW, margin = margin_of(z, lower);
+    const int approximate = !for_top_p && z->approximate;
+    const __m256d loose = _mm256_set1_pd(lower - margin), sure = _mm256_set1_pd(lower + margin);
+    const __m256d bound = _mm256_set1_pd(lower), inverse = _mm256_set1_pd(z->inverse);
+    const __m256d temperature = _mm256_set1_pd(for_top_p ? r->temperature : z->temperature);
+    const __m256d top = _mm256_set1_pd(s0), per_unit = _mm256_set1_pd(BUCKETS_PER_UNIT);
+    const __m256d zero = _mm256_setzero_pd(), deepest = _mm256_set1_pd(DEEPEST);
+    const __m256d relevant_from = _mm256_set1_pd(TOP_P_RELEVANT_FROM);
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    __m128i lane_ids = _mm_setr_epi32(0, 1, 2, 3);
+    const __m128i step = _mm_set1_epi32(4);
+    size_t count = 0, i = 0;
+    for (; i + 4 <= r->vocab; i += 4, lane_ids = _mm_add_epi32(lane_ids, step)) {
+        const __m256d values = _mm256_loadu_pd(x + i);
+        int keep;
+        __m256d depth;
+        if (for_top_p) {
+            const __m256d difference = _mm256_sub_pd(_mm256_div_pd(values, temperature), top);
+            keep = _mm256_movemask_pd(_mm256_cmp_pd(difference, relevant_from, _CMP_GE_OQ));
+            depth = _mm256_mul_pd(_mm256_xor_pd(difference, sign), per_unit);
+        } else {
+            const __m256d rough = approximate ? _mm256_mul_pd(values, inverse)
+                                              : _mm256_div_pd(values, temperature);
+            if (approximate) {
+                keep = _mm256_movemask_pd(_mm256_cmp_pd(rough, sure, _CMP_GE_OQ));
+                int unsure = _mm256_movemask_pd(_mm256_cmp_pd(rough, loose, _CMP_GE_OQ)) & ~keep;
+                while (unsure) {
+                    const int lane = __builtin_ctz((unsigned)unsure);
+                    unsure &= unsure - 1;
+                    if (x[i + (size_t)lane] / z->temperature >= lower) keep |= 1 << lane;
+                }
+            } else {
+                keep = _mm256_movemask_pd(_mm256_cmp_pd(rough, bound, _CMP_GE_OQ));
+            }
+            depth = _mm256_min_pd(_mm256_max_pd(_mm256_mul_pd(_mm256_sub_pd(top, rough),
+                                                              per_unit), zero), deepest);
+        }
+        /* Depths of kept lanes lie in [0, DEEPEST]: the signed conversion is exact there. */
+        const __m128i bucket = _mm256_cvttpd_epi32(depth);
+        const __m128i front = _mm_loadu_si128((const __m128i *)kept_lanes_front[keep]);
+        /* count <= i and i + 4 <= vocab: four entries fit; only the kept ones count. */
+        _mm_storeu_si128((__m128i *)(ids + count), _mm_shuffle_epi8(lane_ids, front));
+        _mm_storeu_si128((__m128i *)(buckets + count), _mm_shuffle_epi8(bucket, front));
+        count += (size_t)__builtin_popcount((unsigned)keep);
+    }
+    for (; i < r->vocab; i++) {
+        const double value = x[i];
+        int kept;
+        uint32_t bucket;
+        if (for_top_p) {
+            const double difference = value / r->temperature - s0;
+            kept = difference >= TOP_P_RELEVANT_FROM;
+            bucket = depth_bucket(-difference * BUCKETS_PER_UNIT, kept);
+        } else {
+            const double rough = rough_scaled(z, value);
+            kept = approximate ? rough >= lower + margin ||
+                                     (rough >= lower - margin && value / z->temperature >= lower)
+                               : rough >= lower;
+            const double depth = (s0 - rough) * BUCKETS_PER_UNIT;
+            bucket = (uint32_t)(depth < 0.0 ? 0.0 : depth < DEEPEST ? depth : DEEPEST);
+        }
+        ids[count] = (uint32_t)i;
+        buckets[count] = bucket;
+        count += (size_t)kept;
+    }
+    return count;
+}
+
 #if defined(HAVE_OPEN_AVX512)
 /* collect() eight tokens at a time on AVX-512 (the last, partial eight masked), with the same
  * decisions in the same id order and the same buckets: for the top-k draw, scaled_at_least's

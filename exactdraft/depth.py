@@ -43,21 +43,25 @@ _RANKS = 4
 _PROBE_SHARE = 0.1 * (1 - _DECAY)
 
 
-def measure_pass_costs(target: Any, widths: int, repeats: int = 2) -> list[float]:
-    """Seconds for a W-row pass, W = 1..widths (best of `repeats`), at a short context."""
+def measure_pass_costs(target: Any, widths: int, rounds: int = 3) -> list[float]:
+    """Seconds for a W-row pass, W = 1..widths, at a short context: the best of `rounds`
+    rounds that each time every width once, so a burst of load on a shared host lands on one
+    round's figures and not on every figure of one width. A pass of W rows does no more work
+    than one of more rows, so each figure is then capped by those of the wider passes: a
+    width that only met a burst does not look dearer than the widths above it."""
     prefix = probe_tokens(32, target.vocab_size, salt=5)
     window = probe_tokens(widths, target.vocab_size, salt=6)
     state = target.new_state()
     target.forward(state, prefix)
-    costs = []
-    for width in range(1, widths + 1):
-        best = float("inf")
-        for _ in range(repeats):
+    costs = [float("inf")] * widths
+    for _ in range(rounds):
+        for width in range(1, widths + 1):
             started = time.perf_counter()
             target.forward(state, window[:width], rows="all")
-            best = min(best, time.perf_counter() - started)
+            costs[width - 1] = min(costs[width - 1], time.perf_counter() - started)
             target.truncate(state, len(prefix))
-        costs.append(best)
+    for width in range(widths - 2, -1, -1):
+        costs[width] = min(costs[width], costs[width + 1])
     return costs
 
 

@@ -191,6 +191,45 @@ def test_measured_costs_and_adaptive_generation_stay_exact(tiny_targets):
     adaptive_and_fixed(target, True).assert_exact()
 
 
+class _ScriptedTarget:
+    """Passes whose seconds a script gives (a clock that only these passes move)."""
+
+    vocab_size = 100
+
+    def __init__(self, seconds):
+        self.seconds, self.clock, self.calls = seconds, 0.0, []
+
+    def new_state(self):
+        return None
+
+    def truncate(self, state, length):
+        pass
+
+    def forward(self, state, tokens, rows="last"):
+        if rows == "all":
+            self.calls.append(len(tokens))
+            self.clock += self.seconds(len(self.calls), len(tokens))
+
+
+def test_measured_costs_shrug_off_a_burst_and_stay_monotone(monkeypatch):
+    """A burst of load in one round does not raise a width's figure (another round timed it
+    quietly), and a width timed dearer than a wider pass is capped at the wider pass's."""
+    clean = {1: 1.0, 2: 1.25, 3: 1.125, 4: 1.5}  # width 2 dearer than 3 in every round
+
+    def seconds(call, width):
+        return clean[width] + (4.0 if call == 4 else 0.0)  # the first round's width 4
+
+    target = _ScriptedTarget(seconds)
+    monkeypatch.setattr(depth_module.time, "perf_counter", lambda: target.clock)
+    costs = measure_pass_costs(target, 4)
+    assert target.calls == [1, 2, 3, 4] * 3  # rounds of every width, not one width at a time
+    assert costs == [1.0, 1.125, 1.125, 1.5]
+    # Negative control: one round only, and the burst is the widest pass's figure.
+    target = _ScriptedTarget(seconds)
+    monkeypatch.setattr(depth_module.time, "perf_counter", lambda: target.clock)
+    assert measure_pass_costs(target, 4, rounds=1) == [1.0, 1.125, 1.125, 5.5]
+
+
 def test_negative_control_adaptive_generation(inexact_targets):
     """The same comparison fails on a backend whose multi-row passes are off by ulps."""
     adaptive_and_fixed(inexact_targets(), False).assert_caught()

@@ -1,5 +1,5 @@
-"""The integer-dot matmuls of a whole model, this checkout's extension against another build of
-it, alternated in one process.
+"""The integer-dot matmuls of a whole model (or with --float32 its float kernel's), this
+checkout's extension against another build of it, alternated in one process.
 
     git worktree add /tmp/before HEAD~1 && (cd /tmp/before && python setup.py build_ext --inplace)
     python benchmarks/matmul_ab.py --other /tmp/before [--rows 1,8] [--rounds 15]
@@ -57,9 +57,10 @@ def load_builds(other: Path, threads: int) -> dict:
     return builds
 
 
-def model_matrices(model: str | None) -> list:
+def model_matrices(model: str | None, float32: bool = False) -> list:
     """Every quantized matrix of the checkpoint (the tied embedding as the output matrix), in
-    model order, packed in the dot layout."""
+    model order, packed in the dot layout; with `float32`, those matrices dequantized and
+    packed for the float kernel (the path of keep_quantized=False)."""
     from exactdraft import pretrained
     from exactdraft.kernels.cpu_weights import FORMAT_ROWS, pack_matrix
 
@@ -68,7 +69,8 @@ def model_matrices(model: str | None) -> list:
     for name, tensor in checkpoint.tensors.items():
         quantized = getattr(tensor, "format", None)
         if quantized in FORMAT_ROWS and FORMAT_ROWS[quantized].integer_dot:
-            packed.append((name, pack_matrix(tensor, layout="dot")))
+            packed.append((name, pack_matrix(tensor.dequantize()) if float32 else
+                           pack_matrix(tensor, layout="dot")))
     return packed
 
 
@@ -113,9 +115,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--formats", default=None,
                         help="comma list of weight formats to keep (default: all)")
+    parser.add_argument("--float32", action="store_true",
+                        help="the same matrices dequantized, through the float kernel")
     args = parser.parse_args()
     builds = load_builds(args.other, args.threads)
-    matrices = model_matrices(args.model)
+    matrices = model_matrices(args.model, args.float32)
     if args.formats:
         matrices = [(name, w) for name, w in matrices if w.format in args.formats.split(",")]
         if not matrices:
@@ -123,7 +127,8 @@ def main() -> int:
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
           f"--rounds {args.rounds} --threads {args.threads}"
-          + (f" --formats {args.formats}" if args.formats else ""))
+          + (f" --formats {args.formats}" if args.formats else "")
+          + (" --float32" if args.float32 else ""))
     print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "
           f"{len(matrices)} matrices")
     rng = np.random.default_rng(0)

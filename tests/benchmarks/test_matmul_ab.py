@@ -24,6 +24,22 @@ def test_against_itself_reports_same_bits():
     assert {r["build"] for r in records if "build" in r} == {"this", "other"}
 
 
+def test_the_float_kernel_against_itself_reports_same_bits():
+    done, records = run_against_itself("matmul_ab.py", "_cpu_kernels", "--float32", "--rows",
+                                       "1,2", "--rounds", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--float32" in done.stdout
+    assert [r["rows"] for r in records if "rows" in r] == [1, 2]
+    assert all(r["same_bits"] for r in records if "rows" in r)
+
+
+def test_float32_packs_the_dequantized_matrices_for_the_float_kernel():
+    dot, float32 = matmul_ab.model_matrices(None), matmul_ab.model_matrices(None, float32=True)
+    assert [name for name, _ in dot] == [name for name, _ in float32]
+    assert {w.layout for _, w in dot} == {"dot"} and {w.format for _, w in float32} == {"f32"}
+    assert all(a.shape == b.shape for (_, a), (_, b) in zip(dot, float32))
+
+
 class OffByOneUlp:
     """A "build" whose products are the real ones moved by one ulp."""
 

@@ -57,10 +57,12 @@ def load_builds(other: Path, threads: int) -> dict:
     return builds
 
 
-def model_matrices(model: str | None, float32: bool = False) -> list:
+def model_matrices(model: str | None, float32: bool = False,
+                   formats: list[str] | None = None) -> list:
     """Every quantized matrix of the checkpoint (the tied embedding as the output matrix), in
     model order, packed in the dot layout; with `float32`, those matrices dequantized and
-    packed for the float kernel (the path of keep_quantized=False)."""
+    packed for the float kernel (the path of keep_quantized=False); with `formats`, only the
+    matrices stored in those formats."""
     from exactdraft import pretrained
     from exactdraft.kernels.cpu_weights import FORMAT_ROWS, pack_matrix
 
@@ -68,7 +70,8 @@ def model_matrices(model: str | None, float32: bool = False) -> list:
     packed = []
     for name, tensor in checkpoint.tensors.items():
         quantized = getattr(tensor, "format", None)
-        if quantized in FORMAT_ROWS and FORMAT_ROWS[quantized].integer_dot:
+        if quantized in FORMAT_ROWS and FORMAT_ROWS[quantized].integer_dot and \
+                (formats is None or quantized in formats):
             packed.append((name, pack_matrix(tensor.dequantize()) if float32 else
                            pack_matrix(tensor, layout="dot")))
     return packed
@@ -119,11 +122,10 @@ def main() -> int:
                         help="the same matrices dequantized, through the float kernel")
     args = parser.parse_args()
     builds = load_builds(args.other, args.threads)
-    matrices = model_matrices(args.model, args.float32)
-    if args.formats:
-        matrices = [(name, w) for name, w in matrices if w.format in args.formats.split(",")]
-        if not matrices:
-            raise SystemExit(f"no matrix of format {args.formats} in the model")
+    matrices = model_matrices(args.model, args.float32,
+                              args.formats.split(",") if args.formats else None)
+    if not matrices:
+        raise SystemExit(f"no matrix of format {args.formats} in the model")
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
           f"--rounds {args.rounds} --threads {args.threads}"

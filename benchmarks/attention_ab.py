@@ -2,7 +2,7 @@
 in one process.
 
     git worktree add /tmp/before HEAD~1 && (cd /tmp/before && python setup.py build_ext --inplace)
-    python benchmarks/attention_ab.py --other /tmp/before [--rounds 7] [--threads 1]
+    python benchmarks/attention_ab.py --other /tmp/before [--rounds 7] [--threads 1] [--level avx2]
 
 Both builds are loaded side by side (matmul_ab.load_builds). First the bits: on random queries,
 keys and values for several head shapes (SmolLM2's 9 query heads over 3 KV heads of 64 among
@@ -87,12 +87,17 @@ def main() -> int:
     other_argument(parser)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--level", default=None, help="SIMD level for both builds (default: best)")
     args = parser.parse_args()
     builds = load_builds(args.other, args.threads)
+    if args.level:
+        for module in builds.values():
+            module.set_simd_level(args.level)
     info = machine()
+    level = args.level or info["simd_level"]
     print(f"$ python benchmarks/attention_ab.py --other {args.other} --rounds {args.rounds} "
-          f"--threads {args.threads}")
-    print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}")
+          f"--threads {args.threads}" + (f" --level {args.level}" if args.level else ""))
+    print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {level}")
     identical = same_bits(builds)
     print(json.dumps({"same_bits": identical}))
     rng = np.random.default_rng(1)

@@ -208,7 +208,7 @@ static void check_attention(const struct kernel_table *level, ptrdiff_t head_dim
         out[l] = malloc(q_count * sizeof(float));
         struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
                                       CAPACITY, head_dim, window, 0.125f};
-        levels[l]->attention_groups(&p, 0, ROWS * KV_HEADS);
+        levels[l]->attention_groups(&p, ROWS, 0, ROWS * KV_HEADS);
     }
     char what[96];
     snprintf(what, sizeof what, "attention head_dim %zd window %zd", head_dim, window);
@@ -233,7 +233,7 @@ static void check_tree_attention(const struct kernel_table *level, ptrdiff_t hea
         out[l] = malloc(q_count * sizeof(float));
         struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
                                       CAPACITY, head_dim, 0, 0.125f, paths, BASE};
-        levels[l]->attention_groups(&p, 0, ROWS * KV_HEADS);
+        levels[l]->attention_groups(&p, ROWS, 0, ROWS * KV_HEADS);
     }
     char what[96];
     snprintf(what, sizeof what, "tree attention head_dim %zd", head_dim);

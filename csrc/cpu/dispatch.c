@@ -1,8 +1,8 @@
 /* Choosing the SIMD level once per process and spreading kernel work over the thread pool.
  *
  * Invariant: one level serves every call until it is changed explicitly, and the work split
- * (by output columns for matmul, (row, KV head) items for attention, rows otherwise) only decides
- * which thread computes an element, never how.
+ * (by output columns for matmul, (KV head, row block) items for attention, rows otherwise) only
+ * decides which thread computes an element, never how.
  */
 #include "dispatch.h"
 
@@ -222,8 +222,20 @@ int run_matmul(const struct matmul_problem *p)
 
 /* ---- attention ---- */
 
-/* The (row, KV head) items of several problems (the sequences of one pass) in one dispatch:
- * item i of the batch is item i - first[j] of problem j, first[j] counting the items before it. */
+/* Row blocks per KV head for attention: as few as runs of ATTENTION_ROW_BLOCK rows allow, so
+ * that a block's rows share each key tile, but at least two items per thread where there are
+ * rows enough. */
+static ptrdiff_t attention_row_blocks(const struct attention_problem *p, int threads)
+{
+    const ptrdiff_t runs = (p->rows + ATTENTION_ROW_BLOCK - 1) / ATTENTION_ROW_BLOCK;
+    ptrdiff_t wanted = (2 * (ptrdiff_t)threads + p->kv_heads - 1) / p->kv_heads;
+    if (wanted > p->rows) wanted = p->rows;
+    return runs > wanted ? runs : wanted;
+}
+
+/* The (KV head, row block) items of several problems (the sequences of one pass) in one
+ * dispatch: item i of the batch is item i - first[j] of problem j, first[j] counting the items
+ * before it. */
 struct attention_job {
     const struct attention_problem *problems;
     const ptrdiff_t *first; /* [count + 1] */
@@ -237,7 +249,8 @@ static void attention_item(void *context, ptrdiff_t item)
     int j = 0;
     while (item >= job->first[j + 1]) j++;
     const ptrdiff_t local = item - job->first[j];
-    job->kernels->attention_groups(&job->problems[j], local, local + 1);
+    const ptrdiff_t row_blocks = (job->first[j + 1] - job->first[j]) / job->problems[j].kv_heads;
+    job->kernels->attention_groups(&job->problems[j], row_blocks, local, local + 1);
 }
 
 int run_attention_batch(const struct attention_problem *problems, int count)
@@ -249,17 +262,20 @@ int run_attention_batch(const struct attention_problem *problems, int count)
                                          : malloc(sizeof(ptrdiff_t) * (size_t)(count + 1));
     if (!first) return -1;
     double work = 0;
+    const int threads = pool_threads();
     first[0] = 0;
     for (int j = 0; j < count; j++) {
         const struct attention_problem *p = &problems[j];
         double keys = 0;
         for (ptrdiff_t m = 0; m < p->rows; m++) keys += (double)(p->positions[m] + 1);
         work += keys * (double)p->heads * (double)p->head_dim;
-        first[j + 1] = first[j] + p->rows * p->kv_heads;
+        first[j + 1] = first[j] + attention_row_blocks(p, threads) * p->kv_heads;
     }
     if (work < ATTENTION_PARALLEL_MIN_MACS || first[count] < 2) {
-        for (int j = 0; j < count; j++)
-            kernels->attention_groups(&problems[j], 0, problems[j].rows * problems[j].kv_heads);
+        for (int j = 0; j < count; j++) {
+            const ptrdiff_t items = first[j + 1] - first[j];
+            kernels->attention_groups(&problems[j], items / problems[j].kv_heads, 0, items);
+        }
     } else {
         struct attention_job job = {problems, first, count, kernels};
         pool_run(attention_item, &job, first[count]);

@@ -49,6 +49,9 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
 #define WEIGHT_GROUP 4
 /* Attention reduces keys in tiles of this many absolute positions. */
 #define KEY_TILE 64
+/* Attention runs the rows of a (KV head, row block) item in runs of at most this many, which
+ * take turns on each key tile. */
+#define ATTENTION_ROW_BLOCK 8
 /* Attention keeps per-head accumulators on the stack; this bounds the head dimension. */
 #define MAX_HEAD_DIM 1024
 
@@ -115,7 +118,10 @@ struct kernel_table {
     ptrdiff_t column_tile;   /* matmul output columns computed together */
     void (*matmul_columns)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
     /* Items [first, end) of (row, KV head): item i is row i / kv_heads, KV head i % kv_heads. */
-    void (*attention_groups)(const struct attention_problem *p, ptrdiff_t first, ptrdiff_t end);
+    /* Items [first, end) of (KV head, row block) items: KV head i / row_blocks, block
+     * i % row_blocks of row_blocks even blocks of the rows (attention_body.h). */
+    void (*attention_groups)(const struct attention_problem *p, ptrdiff_t row_blocks,
+                             ptrdiff_t first, ptrdiff_t end);
     void (*rms_norm_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*rope_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);
     void (*silu_mul_rows)(const struct rows_problem *p, ptrdiff_t first, ptrdiff_t end);

@@ -219,17 +219,19 @@ def test_attention_accuracy(level, head_dim, window):
 
 @pytest.mark.parametrize("window", (0, 50, 64))
 @pytest.mark.parametrize("threads", (1, 2))
-def test_attention_row_invariance(level, window, threads, restore_threads):
+@pytest.mark.parametrize("head_dim", (40, 64, 128))  # the general kernel and both fixed sizes
+def test_attention_row_invariance(level, window, threads, head_dim, restore_threads):
     """A row's bits depend on its position and the keys up to it, never on the other rows,
-    how many there are, the buffer's capacity or the thread count."""
+    how many there are (which decides the row blocks that take turns on a key tile), the
+    buffer's capacity or the thread count."""
     cpu.set_num_threads(threads)
     rng = np.random.default_rng(7)
-    keys, values = kv_buffers(rng, 2, 256, 40)
-    grown_keys, grown_values = kv_buffers(rng, 2, 512, 40)  # other contents past 255
+    keys, values = kv_buffers(rng, 2, 256, head_dim)
+    grown_keys, grown_values = kv_buffers(rng, 2, 512, head_dim)  # other contents past 255
     grown_keys[:, :256], grown_values[:, :256] = keys, values
-    scale = 40**-0.5
+    scale = head_dim**-0.5
     for rows in (*range(1, 17), 70):
-        q = rng.standard_normal((rows, 6, 40)).astype(np.float32)
+        q = rng.standard_normal((rows, 6, head_dim)).astype(np.float32)
         positions = np.sort(rng.choice(256, size=rows, replace=False))
         together = bits(cpu.attention(q, keys, values, positions, window, scale))
         grown = bits(cpu.attention(q, grown_keys, grown_values, positions, window, scale))

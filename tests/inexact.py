@@ -17,7 +17,8 @@ class InexactTorchBackend(TorchBackend):
     sums multi-row products over two halves of the inner dimension, as a GEMM that picks a
     split-K by M does: ulp-level and on every machine, for the controls that compare tokens.
     With `coarse=True` multi-row products are also scaled by a factor that grows with the row
-    count, a caricature of a kernel that changes with M; no negative control should need it."""
+    count, a caricature of a kernel that changes with M, for the one control that needs bits to
+    follow the row count itself (tests/models/test_moe.py) on a CPU where MKL's paths agree."""
 
     name = "torch-inexact"
 

@@ -85,13 +85,18 @@ class TorchBackend(WithoutFusedLayers, WithoutTreeAttention):
         return table[ids.to(self.torch_device)]
 
     def _padded_matmul(self, a: Any, b: Any) -> Any:
+        """a @ b computed as ROW_MULTIPLE-row products (a's rows zero-padded), one batch of
+        them: a GEMM over more rows may block K differently (seen with MKL at 32 rows and
+        K = 1536 on an AVX-512 CPU), and a row's bits would follow the row count."""
+        torch = _torch()
         rows = a.shape[-2]
         padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
         if padded != rows:
-            torch = _torch()
             pad = a.new_zeros(*a.shape[:-2], padded - rows, a.shape[-1])
-            return torch.matmul(torch.cat([a, pad], dim=-2), b)[..., :rows, :]
-        return _torch().matmul(a, b)
+            a = torch.cat([a, pad], dim=-2)
+        blocks = a.reshape(*a.shape[:-2], padded // ROW_MULTIPLE, ROW_MULTIPLE, a.shape[-1])
+        out = torch.matmul(blocks, b.unsqueeze(-3))  # [..., blocks, ROW_MULTIPLE, N]
+        return out.reshape(*out.shape[:-3], padded, out.shape[-1])[..., :rows, :]
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         out = self._padded_matmul(x, weight)

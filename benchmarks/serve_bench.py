@@ -11,7 +11,8 @@ One process, `--threads` threads (torch and exactdraft's C kernels), the model l
    `--tokens` new tokens) run together through exactdraft.engine.Engine, against each run alone
    with Generator.generate: aggregate decode tokens/s over single-stream decode tokens/s (decode
    time is the library's own per-sequence clock; end-to-end figures are reported too), and
-   whether every output equals its solo run.
+   whether every output equals its solo run. `--concurrency-rounds` rounds, each alone then
+   together, the ratio the median of the rounds' ratios (a noisy machine moves both alike).
 2. Prefix cache: a `--prefix-tokens` document as the system message, then a short question:
    time to first token (submit to first chunk) with the document's blocks in a PrefixCache
    against a cold prefill, and whether the output with a hit equals the cold output.
@@ -88,29 +89,39 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def concurrency(generator, args) -> dict:
+    """`--concurrency-rounds` rounds, each the streams alone and then together, so that a
+    noisy machine's load falls on both alike; the ratio is the median of the rounds'."""
     from exactdraft.engine import Engine
 
     options = dict(max_new_tokens=args.tokens, temperature=0.7, stop_tokens=[])
-    solo = [generator.generate(m, seed=s, **options) for m, s in requests(args.streams)]
-    with Engine(generator, max_sequences=args.streams) as engine:
-        started = time.perf_counter()
-        submissions = [engine.submit(m, seed=s, **options) for m, s in requests(args.streams)]
-        together = [s.results()[0] for s in submissions]
-        wall = time.perf_counter() - started
-        per_pass = engine.stats.sequences_per_pass
-    single = statistics.median(r.stats.tokens_per_second for r in solo)
-    aggregate = per_second(sum(len(r.tokens) - 1 for r in together),
-                           max(r.stats.decode_seconds for r in together))
-    single_wall = per_second(sum(len(r.tokens) for r in solo),
-                             sum(r.stats.wall_seconds for r in solo))
-    aggregate_wall = per_second(sum(len(r.tokens) for r in together), wall)
-    identical = [a.tokens == b.tokens for a, b in zip(together, solo)]
-    return {"streams": args.streams, "tokens": args.tokens,
+    rounds, identical, per_pass = [], [], []
+    for _ in range(args.concurrency_rounds):
+        solo = [generator.generate(m, seed=s, **options) for m, s in requests(args.streams)]
+        with Engine(generator, max_sequences=args.streams) as engine:
+            started = time.perf_counter()
+            submissions = [engine.submit(m, seed=s, **options)
+                           for m, s in requests(args.streams)]
+            together = [s.results()[0] for s in submissions]
+            wall = time.perf_counter() - started
+            per_pass += engine.stats.sequences_per_pass
+        single = statistics.median(r.stats.tokens_per_second for r in solo)
+        aggregate = per_second(sum(len(r.tokens) - 1 for r in together),
+                               max(r.stats.decode_seconds for r in together))
+        single_wall = per_second(sum(len(r.tokens) for r in solo),
+                                 sum(r.stats.wall_seconds for r in solo))
+        aggregate_wall = per_second(sum(len(r.tokens) for r in together), wall)
+        rounds.append((single, aggregate, single_wall, aggregate_wall))
+        identical += [a.tokens == b.tokens for a, b in zip(together, solo)]
+    single, aggregate, single_wall, aggregate_wall = (statistics.median(column)
+                                                      for column in zip(*rounds))
+    return {"streams": args.streams, "tokens": args.tokens, "rounds": len(rounds),
             "single_decode_tokens_per_second": single,
-            "aggregate_decode_tokens_per_second": aggregate, "ratio": ratio(aggregate, single),
+            "aggregate_decode_tokens_per_second": aggregate,
+            "ratio": statistics.median(ratio(a, s) or 0.0 for s, a, _, _ in rounds),
+            "round_ratios": [round(ratio(a, s) or 0.0, 3) for s, a, _, _ in rounds],
             "single_wall_tokens_per_second": single_wall,
             "aggregate_wall_tokens_per_second": aggregate_wall,
-            "wall_ratio": ratio(aggregate_wall, single_wall),
+            "wall_ratio": statistics.median(ratio(a, s) or 0.0 for _, _, s, a in rounds),
             "mean_sequences_per_pass": statistics.mean(per_pass) if per_pass else None,
             "identical": identical, "all_identical": all(identical)}
 
@@ -346,6 +357,8 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--prefix-tokens", type=int, default=1000)
+    parser.add_argument("--concurrency-rounds", type=int, default=3,
+                        help="rounds of part 1, each the streams alone, then together")
     parser.add_argument("--repeats", type=int, default=3, help="runs of part 2 (max 3)")
     parser.add_argument("--server-repeats", type=int, default=7, help="runs of part 3")
     parser.add_argument("--skip-server", action="store_true")
@@ -359,6 +372,7 @@ def main() -> int:
         return 0
     args.repeats = max(1, min(args.repeats, len(PREFIX_QUESTIONS) - 1))
     args.server_repeats = max(1, args.server_repeats)
+    args.concurrency_rounds = max(1, args.concurrency_rounds)
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     import torch
 

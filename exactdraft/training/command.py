@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"drafting passes unrolled in training (default: {DEFAULTS.depth})")
     parser.add_argument("--prompts", default=None,
                         help="a text file of prompts, one per line (default: the package's "
-                             "set of about 200)")
+                             "set of about 640)")
     parser.add_argument("--prompt-limit", type=int, default=None,
                         help="use only the first N prompts (default: all)")
     parser.add_argument("--threads", type=int, default=None,

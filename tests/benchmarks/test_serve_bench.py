@@ -20,6 +20,7 @@ def test_serve_bench_smoke(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"),
                            "--model", model, "--streams", "3", "--tokens", "6",
                            "--prefix-tokens", "64", "--repeats", "1", "--server-repeats", "1",
+                           "--concurrency-rounds", "2",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -29,7 +30,8 @@ def test_serve_bench_smoke(tmp_path):
     assert "serve_bench.py" in report["command"]
     assert report["all_identical"] is True
     streams = report["concurrency"]
-    assert streams["streams"] == 3 and streams["identical"] == [True, True, True]
+    assert streams["streams"] == 3 and streams["identical"] == [True] * 6  # 2 rounds of 3
+    assert streams["rounds"] == 2 and len(streams["round_ratios"]) == 2
     for key in ("single_decode_tokens_per_second", "aggregate_decode_tokens_per_second",
                 "ratio", "wall_ratio"):
         assert streams[key] > 0

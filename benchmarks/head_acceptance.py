@@ -1,7 +1,8 @@
 """How often draft heads agree with their target, on chat prompts none of them trained on.
 
     python benchmarks/head_acceptance.py [--heads bundled,/tmp/other-head] [--tokens 128]
-                                         [--max-draft 4] [--temperatures 0,0.7] [--seeds 2]
+                                         [--max-draft 4] [--tree-width 1] [--temperatures 0,0.7]
+                                         [--seeds 2]
 
 For the bundled SmolLM2 (quantized) and each head, every (prompt, temperature, seed) case is
 generated drafted with a fixed depth (adaptive depth off, so no figure depends on timing) and
@@ -68,6 +69,8 @@ def main() -> int:
                         help="comma list of head folders; 'bundled' is the packaged head")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--max-draft", type=int, default=4)
+    parser.add_argument("--tree-width", type=int, default=1,
+                        help="candidates per depth (2 or more: the head proposes trees)")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -87,11 +90,13 @@ def main() -> int:
     serial = xd.Generator(target, tokenizer=checkpoint.tokenizer)
     info = machine()
     print(f"SIMD level {info['simd_level']} ({info['cpu']}), {args.threads} threads; "
-          f"{args.tokens} tokens, max_draft {args.max_draft}, adaptive depth off")
+          f"{args.tokens} tokens, max_draft {args.max_draft}, tree width {args.tree_width}, "
+          "adaptive depth off")
     failed = False
     for name in args.heads.split(","):
         head = xd.DraftHead.from_pretrained(None if name == "bundled" else name, target,
-                                            max_draft=args.max_draft)
+                                            max_draft=args.max_draft,
+                                            tree_width=args.tree_width)
         generator = xd.Generator(target, head, tokenizer=checkpoint.tokenizer,
                                  adaptive_depth=False)
         for record in evaluate(generator, serial, PROMPTS[:args.prompts],

@@ -7,19 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import needs_smollm2
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @needs_smollm2
-def test_head_acceptance_reports_counts_and_exactness():
+@pytest.mark.parametrize("tree_width", [1, 2])
+def test_head_acceptance_reports_counts_and_exactness(tree_width):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "head_acceptance.py"),
                            "--prompts", "1", "--tokens", "12", "--seeds", "1",
+                           "--tree-width", str(tree_width),
                            "--temperatures", "0,0.7", "--threads", "1"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "SIMD level" in done.stdout
+    assert "SIMD level" in done.stdout and f"tree width {tree_width}" in done.stdout
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["temperature"] for r in records] == [0.0, 0.7]
     for record in records:

@@ -89,6 +89,8 @@ def fresh_seed() -> int:
 BIAS_LIMIT = 1e9
 # repetition_penalty multiplies or divides a logit: bounded for the same reason.
 REPETITION_PENALTY_RANGE = (1e-9, 1e9)
+# The logit that bans a token from a row (a drafter's tokens outside its vocabulary, say).
+BANNED = -1e9
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,41 @@ class KeyedSampler:
         the first `n_prompt` of them the prompt (None: all of it)."""
         return self.sample_window(np.asarray(logits_row)[None], params, pos=pos,
                                   history=history, n_prompt=n_prompt, drafts=())[0]
+
+    def sample_among(self, values: np.ndarray, ids: np.ndarray, vocab_size: int,
+                     params: SamplingParams, *, pos: int, history: Sequence[int] = (),
+                     n_prompt: int | None = None) -> int:
+        """`sample` of the `vocab_size` row in which tokens `ids` (ascending, distinct) have
+        logits `values` and every other token is banned (logit BANNED), in work that scales
+        with len(ids) where that provably gives the same token: without bias and penalties,
+        and with the best value further above the ban than the noise can reach (every banned
+        token then falls out of the candidates, and the candidates keep their order, so steps
+        4-9 see what they would see in the full row). Otherwise it builds that row."""
+        values = np.asarray(values, dtype=np.float32)
+        ids = np.asarray(ids, dtype=np.int64)
+        if values.shape != ids.shape or ids.ndim != 1 or ids.size == 0:
+            raise ParameterError(f"values {values.shape} and ids {ids.shape} must be equal "
+                                 "1-D shapes, not empty")
+        if ids[0] < 0 or ids[-1] >= vocab_size or (ids.size > 1 and np.diff(ids).min() <= 0):
+            raise ParameterError(f"ids must ascend strictly inside [0, {vocab_size}), not "
+                                 f"{ids[0]}..{ids[-1]} (or not ascending)")
+        if params.temperature > 0 and params.seed is None:
+            raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
+        best = float(values.max())  # NaN fails the comparison below: the full row raises
+        # Twice the reach and one more: no rounding of the full row's bound can bring a
+        # banned token back among the candidates.
+        reach = 2 * _IRRELEVANT_BELOW * params.temperature + 1.0
+        if params.logit_bias or params.uses_history or not best - reach > BANNED:
+            row = np.full(vocab_size, BANNED, dtype=np.float32)
+            row[ids] = values
+            return self.sample(row, params, pos=pos, history=history, n_prompt=n_prompt)
+        if params.temperature == 0:  # the first maximum: the lowest id among ties
+            return int(ids[int(np.argmax(values))])
+        if self.native:
+            return int(ids[sampling_native.draw_among(np.ascontiguousarray(values),
+                                                      np.ascontiguousarray(ids), params, pos)])
+        order, s = _candidates(values.astype(np.float64), params)
+        return _gumbel_winner(ids[order], s, params.seed, pos)
 
     def sample_window(self, rows: np.ndarray, params: SamplingParams, *, pos: int,
                       history: Sequence[int], n_prompt: int | None = None,

@@ -55,3 +55,15 @@ def draw(x: Any, params: SamplingParams, pos: int) -> int:
     # The noise key uses pos modulo 2**64, as the Python key does for any integer.
     return _native.draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
                         params.seed or 0, pos & _MASK)
+
+
+def draw_among(x: Any, tokens: Any, params: SamplingParams, pos: int) -> int:
+    """`draw` among the listed tokens alone: x[i] (float64 or float32, C-contiguous) is the
+    row's value of token tokens[i] (int64, strictly ascending, the noise keyed by it); returns
+    the index i of the winner."""
+    if _native is None:
+        raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
+    if params.temperature > 0 and params.seed is None:
+        raise ValueError("params.seed is None: resolve one first with params.with_seed()")
+    return _native.draw_among(x, tokens, params.temperature, params.top_k, params.top_p,
+                              params.min_p, params.seed or 0, pos & _MASK)

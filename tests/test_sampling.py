@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exactdraft import sampling_native
+from exactdraft.errors import ParameterError
 from exactdraft.sampling import (
     KeyedSampler,
     SamplingParams,
@@ -235,6 +236,57 @@ def test_window_equals_rows_sampled_alone(native, seed, temperature, presence, w
         window = sampler.sample_window(rows, params, pos=10, history=history, n_prompt=4,
                                        drafts=drafts)
         assert window == alone[:wrong_at + 1]
+
+
+@pytest.mark.parametrize("native", DRAW_PATHS)
+@settings(max_examples=200, deadline=None)
+@given(row=logit_rows, temperature=st.sampled_from([0.0, 0.3, 0.7, 1.5]),
+       top_k=st.sampled_from([0, 1, 3, 50]), top_p=st.sampled_from([1.0, 0.9, 0.3]),
+       min_p=st.sampled_from([0.0, 0.1]), presence=st.sampled_from([0.0, 0.5]),
+       bias=st.booleans(), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 10**6),
+       vocab_extra=st.integers(0, 400), near_ban=st.booleans(), data=st.data())
+def test_sample_among_equals_the_banned_full_row(native, row, temperature, top_k, top_p,
+                                                 min_p, presence, bias, seed, pos,
+                                                 vocab_extra, near_ban, data):
+    """The fast path (no bias, no penalty) and the fallback both give what `sample` gives
+    for the full row with every token outside `ids` banned."""
+    from exactdraft.sampling import BANNED
+
+    vocab = len(row) + vocab_extra
+    ids = np.sort(np.asarray(data.draw(st.lists(st.integers(0, vocab - 1), min_size=len(row),
+                                                max_size=len(row), unique=True)), np.int64))
+    # near_ban: values within the noise's reach of the ban, where only the full row will do.
+    values = np.array(row, dtype=np.float32) + np.float32(BANNED if near_ban else 0)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            presence_penalty=presence, logit_bias={int(ids[0]): 1.5} if bias
+                            else {}, seed=seed)
+    history = [int(ids[-1]), 0, int(ids[0])]
+    sampler = KeyedSampler(native=native)
+    full = np.full(vocab, BANNED, dtype=np.float32)
+    full[ids] = values
+    expected = sampler.sample(full, params, pos=pos, history=history, n_prompt=1)
+    assert sampler.sample_among(values, ids, vocab, params, pos=pos, history=history,
+                                n_prompt=1) == expected
+
+
+def test_sample_among_sees_the_ids_and_refuses_bad_ones():
+    """Negative control: the same values under other token ids draw other tokens (the keys
+    follow the ids), and ids that are unsorted, repeated or outside the vocabulary raise."""
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(200) * 2).astype(np.float32)
+    ids = np.arange(0, 400, 2)
+    sampler = KeyedSampler()
+    moved = 0
+    for seed in range(20):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        first = sampler.sample_among(values, ids, 400, params, pos=7)
+        second = sampler.sample_among(values, ids + 1, 400, params, pos=7)
+        moved += second != first + 1  # not the same draw, one id over
+    assert moved > 0
+    params = SamplingParams(temperature=1.0, seed=1)
+    for bad in (ids[::-1].copy(), np.array([0, 2, 2]), np.array([0, 400])):
+        with pytest.raises(ParameterError, match="ids must ascend"):
+            sampler.sample_among(values[:len(bad)], bad, 400, params, pos=7)
 
 
 def test_near_and_exact_ties_follow_the_sorted_order():

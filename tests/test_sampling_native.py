@@ -160,6 +160,42 @@ def test_full_vocabulary_rows(settings_):
         assert x.tobytes() == before  # the row is only read
 
 
+@pytest.mark.parametrize("settings_", FULL_SETTINGS)
+def test_draw_among_listed_tokens_equals_the_banned_full_row(settings_):
+    """draw_among on the listed tokens' values gives, on every top-p path, the token the
+    plain draw gives for the full row with every other token banned; the noise follows the
+    listed ids (negative control: the same values listed one id up draw differently)."""
+    draw_among = native_module().draw_among
+    params = SamplingParams(seed=77, **settings_)
+    rng = np.random.default_rng(5)
+    ids = np.sort(rng.choice(49152, 8192, replace=False)).astype(np.int64)
+    values = realistic_row(3, vocab=8192)
+    full = np.full(49152, sampling.BANNED, dtype=np.float32)
+    full[ids] = values
+    moved = 0
+    for pos in (0, 41, 900):
+        expected = native_draws(full.astype(np.float64), params, pos)["auto"]
+        args = (params.temperature, params.top_k, params.top_p, params.min_p, params.seed, pos)
+        for path in PATHS.values():
+            assert ids[draw_among(values, ids, *args, path)] == expected
+        shifted = ids + 1
+        moved += shifted[draw_among(values, shifted, *args)] != expected + 1
+    assert moved > 0 if params.temperature > 0 else moved == 0
+
+
+def test_draw_among_refuses_bad_token_lists():
+    draw_among = native_module().draw_among
+    values = np.zeros(3, dtype=np.float32)
+    for tokens, message in ((np.array([0, 2, 2]), "ascend strictly"),
+                            (np.array([-1, 2, 3]), "ascend strictly"),
+                            (np.array([0, 1]), "of 3 ids"),
+                            (np.array([0, 1, 2], dtype=np.int32), "int64")):
+        with pytest.raises(ValueError, match=message):
+            draw_among(values, tokens, 1.0, 0, 1.0, 0.0, 1, 0)
+    with pytest.raises(ValueError, match="NaN at token 9"):
+        draw_among(np.array([0.0, np.nan, 1.0]), np.array([3, 9, 12]), 1.0, 0, 1.0, 0.0, 1, 0)
+
+
 def test_bounded_top_p_decides_on_full_rows():
     """On a full-vocabulary row the bracket decides the cut without summing every candidate."""
     params = SamplingParams(temperature=0.7, top_p=0.95, seed=3)

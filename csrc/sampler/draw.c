@@ -74,6 +74,7 @@ struct contest {
     const double *x;
     double temperature;
     uint64_t position_key;
+    const uint64_t *tokens; /* the request's token of each index, NULL: the index itself */
     double slack;
     double noise_cap[53]; /* by floor(log2(2**53 - 1 - k)) */
     double best_score, best_x;
@@ -86,6 +87,7 @@ static void start_contest(struct contest *c, const struct draw_request *r, doubl
     c->x = r->x;
     c->temperature = r->temperature;
     c->position_key = mix(mix(r->seed + GOLDEN) ^ (r->pos * POSITION_MULTIPLIER));
+    c->tokens = r->tokens;
     /* Covers the rounding of s + cap, of s + g, of the caps and of a rough s (within
      * 8 * 2**-53 * |s| of s), for |s| <= |s0| + 45. */
     c->slack = 1e-9 * (1.0 + fabs(s0));
@@ -97,7 +99,8 @@ static void start_contest(struct contest *c, const struct draw_request *r, doubl
  * 0, or -1 when the token's uniform is 1.0. */
 static inline int consider(struct contest *c, size_t id, double rough_s)
 {
-    const uint64_t k = mix(c->position_key ^ (uint64_t)id) >> 11;
+    const uint64_t token = c->tokens ? c->tokens[id] : (uint64_t)id;
+    const uint64_t k = mix(c->position_key ^ token) >> 11;
     if (k == LAST_UNIFORM_INDEX) return -1;
     if (c->started) {
         const double cap = c->noise_cap[highest_bit(LAST_UNIFORM_INDEX - k)]; /* k < 2**53-1 */
@@ -169,7 +172,7 @@ static int open_scalar(const struct contest *c, const struct draw_request *r,
     size_t n = *open;
     for (size_t i = from; i < r->vocab; i++) {
         const double rough = rough_scaled(z, x[i]);
-        const uint64_t k = mix(c->position_key ^ (uint64_t)i) >> 11;
+        const uint64_t k = mix(c->position_key ^ (c->tokens ? c->tokens[i] : (uint64_t)i)) >> 11;
         const int near = rough >= loose;
         unit |= (uint64_t)(near & (k == LAST_UNIFORM_INDEX));
         /* k = 2**53 - 1 takes the cap of 1 (bit 0); the flag above sends it to the slow path. */
@@ -233,6 +236,8 @@ static int open_candidates(const struct contest *c, const struct draw_request *r
     const double loose = lower - margin_of(z, lower);
     *open = 0;
 #if defined(HAVE_OPEN_AVX2)
+    /* The vector scans key the noise by index: a row of listed tokens takes the scalar one. */
+    if (r->tokens) scan = SCAN_SCALAR;
     if (scan == SCAN_AVX512) return open_avx512(c, r, z, loose, hopeful, open);
     if (scan == SCAN_AVX2) return open_avx2(c, r, z, loose, hopeful, open);
 #endif

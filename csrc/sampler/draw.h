@@ -30,6 +30,10 @@ struct draw_request {
     uint64_t seed, pos;
     enum top_p_path top_p_path;
     enum row_scan scan; /* how the plain draw scans the row (tests pick one; the same token) */
+    /* NULL: x[i] is the logit of token i. Else x[i] is that of token tokens[i], the tokens
+     * strictly ascending (so index order is token order), and the draw runs among the listed
+     * tokens alone: it keys the noise by tokens[i] and returns the index i of the winner. */
+    const uint64_t *tokens;
 };
 
 enum draw_status {

@@ -135,25 +135,46 @@ static PyObject *raise_failure(struct draw_result result)
     }
 }
 
-/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]) -> token id */
-static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The tokens of a draw_among row: a C-contiguous 1-D int64 buffer of `count` ids ascending
+ * strictly from 0 up, or -1 with ValueError set. */
+static int take_tokens(PyObject *arg, Py_buffer *view, size_t count)
 {
-    (void)self;
+    if (PyObject_GetBuffer(arg, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    const int typed = (f[0] == 'q' || f[0] == 'l') && f[1] == '\0' && view->itemsize == 8;
+    if (view->ndim != 1 || !typed || (size_t)view->shape[0] != count) {
+        PyErr_Format(PyExc_ValueError, "tokens must be a 1-D int64 array of %zu ids", count);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    const int64_t *ids = view->buf;
+    for (size_t i = 0; i < count; i++)
+        if (ids[i] < 0 || (i > 0 && ids[i] <= ids[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "tokens must ascend strictly from 0 up; token %lld "
+                         "at index %zu does not", (long long)ids[i], i);
+            PyBuffer_Release(view);
+            return -1;
+        }
+    return 0;
+}
+
+/* The shared body of draw and draw_among: `row`, `tokens` (NULL: none) and args, which are
+ * temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]. */
+static PyObject *run_draw(PyObject *row, PyObject *tokens, PyObject *const *args,
+                          Py_ssize_t nargs)
+{
     struct draw_request r;
     size_t path = TOP_P_AUTO, scan = SCAN_BEST;
-    if (nargs < 7 || nargs > 9) {
-        PyErr_Format(PyExc_TypeError, "draw takes 7 to 9 arguments, got %zd", nargs);
-        return NULL;
-    }
-    if (take_float(args[1], "temperature", 0.0, 0, INFINITY, "a finite number >= 0",
+    if (take_float(args[0], "temperature", 0.0, 0, INFINITY, "a finite number >= 0",
                    &r.temperature) ||
-        take_size(args[2], "top_k", PY_SSIZE_T_MAX, ">= 0 (0 = off)", &r.top_k) ||
-        take_float(args[3], "top_p", 0.0, 1, 1.0, "in (0, 1]", &r.top_p) ||
-        take_float(args[4], "min_p", 0.0, 0, 1.0, "in [0, 1]", &r.min_p) ||
-        take_uint64(args[5], "seed", &r.seed) || take_uint64(args[6], "pos", &r.pos) ||
-        (nargs >= 8 && take_size(args[7], "top_p_path", TOP_P_BOUNDED,
+        take_size(args[1], "top_k", PY_SSIZE_T_MAX, ">= 0 (0 = off)", &r.top_k) ||
+        take_float(args[2], "top_p", 0.0, 1, 1.0, "in (0, 1]", &r.top_p) ||
+        take_float(args[3], "min_p", 0.0, 0, 1.0, "in [0, 1]", &r.min_p) ||
+        take_uint64(args[4], "seed", &r.seed) || take_uint64(args[5], "pos", &r.pos) ||
+        (nargs >= 7 && take_size(args[6], "top_p_path", TOP_P_BOUNDED,
                                  "0 (auto), 1 (exhaustive) or 2 (bounded)", &path)) ||
-        (nargs == 9 && take_size(args[8], "scan", SCAN_COUNT - 1,
+        (nargs == 8 && take_size(args[7], "scan", SCAN_COUNT - 1,
                                  "0 (best), 1 (scalar), 2 (avx2) or 3 (avx512)", &scan)))
         return NULL;
     r.top_p_path = (enum top_p_path)path;
@@ -162,18 +183,50 @@ static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     r.scan = (enum row_scan)scan;
-    Py_buffer view;
-    if (take_row(args[0], &view, 1)) return NULL;
+    Py_buffer view, listed;
+    if (take_row(row, &view, 1)) return NULL;
     r.vocab = (size_t)view.shape[0];
-    r.x = view.itemsize == 8 ? view.buf : widened(view.buf, r.vocab);
-    if (!r.x) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
+    r.tokens = NULL;
+    if (tokens) {
+        if (take_tokens(tokens, &listed, r.vocab)) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        r.tokens = listed.buf;
     }
-    struct draw_result result = draw(&r);
+    r.x = view.itemsize == 8 ? view.buf : widened(view.buf, r.vocab);
+    struct draw_result result = {DRAW_NO_MEMORY, 0, 0.0};
+    if (r.x) result = draw(&r);
+    if (tokens && (result.status == DRAW_UNIT_UNIFORM || result.status == DRAW_NAN))
+        result.index = (size_t)r.tokens[result.index]; /* errors name the token */
     PyBuffer_Release(&view);
+    if (tokens) PyBuffer_Release(&listed);
     if (result.status != DRAW_OK) return raise_failure(result);
     return PyLong_FromSize_t(result.index);
+}
+
+/* draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]) -> token id */
+static PyObject *py_draw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 7 || nargs > 9) {
+        PyErr_Format(PyExc_TypeError, "draw takes 7 to 9 arguments, got %zd", nargs);
+        return NULL;
+    }
+    return run_draw(args[0], NULL, args + 1, nargs - 1);
+}
+
+/* draw_among(x, tokens, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]])
+ * -> the index in x of the winner of the draw among the listed tokens alone, x[i] being the
+ * logit of token tokens[i] */
+static PyObject *py_draw_among(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 8 || nargs > 10) {
+        PyErr_Format(PyExc_TypeError, "draw_among takes 8 to 10 arguments, got %zd", nargs);
+        return NULL;
+    }
+    return run_draw(args[0], args[1], args + 2, nargs - 2);
 }
 
 static PyObject *py_top_p_path_counts(PyObject *self, PyObject *unused)
@@ -237,6 +290,10 @@ static PyObject *py_scans(PyObject *self, PyObject *unused)
 static PyMethodDef methods[] = {
     {"exp", py_exp, METH_O, "exp(x) -> list: exactdraft's float64 exp of each value of x"},
     {"log", py_log, METH_O, "log(x) -> list: exactdraft's float64 log of each value of x"},
+    {"draw_among", (PyCFunction)(void (*)(void))py_draw_among, METH_FASTCALL,
+     "draw_among(x, tokens, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]])"
+     " -> the index in x of the winner among the listed tokens alone, x[i] the logit of token "
+     "tokens[i] (int64, strictly ascending)"},
     {"draw", (PyCFunction)(void (*)(void))py_draw, METH_FASTCALL,
      "draw(x, temperature, top_k, top_p, min_p, seed, pos[, top_p_path[, scan]]) -> "
      "int: steps 3-9 of SAMPLER.md on the processed C-contiguous float64 row x (a float32 "

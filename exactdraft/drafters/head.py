@@ -2,8 +2,9 @@
 
 Invariant: the head influences speed only. Each guess is sampled with the target's sampler,
 seed, parameters and history at its own position (SAMPLER.md), from the head's logits over its
-draft vocabulary scattered into the full vocabulary (every other token banned), so where the
-head's distribution overlaps the target's the shared keyed noise makes the guesses agree; the
+most probable draft tokens in the full vocabulary (every other token banned; greedy draws take
+the argmax of the whole draft vocabulary), so where the head's distribution overlaps the
+target's the shared keyed noise makes the guesses agree; the
 verifier keeps a guess only when it equals the target's own sample. What the head reads of the
 target (the final hidden rows of committed positions, handed over through `observe`, and the
 target's embedding and output rows) changes no bit of the target.
@@ -50,7 +51,9 @@ from exactdraft.errors import CheckpointError, ParameterError
 from exactdraft.formats import QuantizedTensor
 from exactdraft.models.cache import KVCache
 
-BANNED = np.float32(-1e9)  # the logit of tokens outside the draft vocabulary (SAMPLER.md)
+# The head's guess is its keyed draw among its this many most probable tokens (the rest of
+# its mass rarely holds the target's sample, and the draw's work grows with the candidates).
+DRAW_CANDIDATES = 64
 HEADS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "data", "heads")
 FORMATS = ("q8_0", "f32", "numpy")
@@ -317,10 +320,13 @@ class DraftHead:
 
         while True:
             logits = self.logits(row)[0]
-            full = np.full(self.vocab_size, BANNED, dtype=np.float32)
-            full[self.draft_ids] = logits
-            token = context.sampler.sample(full, context.params, pos=len(history),
-                                           history=history, n_prompt=context.n_prompt)
+            # Greedy draws need no cut: the argmax over the whole draft vocabulary is as cheap.
+            top = most_probable(logits) if context.params.temperature > 0 or \
+                self.tree_width > 1 else slice(None)
+            token = context.sampler.sample_among(logits[top], self.draft_ids[top],
+                                                 self.vocab_size, context.params,
+                                                 pos=len(history), history=history,
+                                                 n_prompt=context.n_prompt)
             if self.min_confidence > 0:
                 exp = np.exp(logits - logits.max())
                 index = int(np.searchsorted(self.draft_ids, token))
@@ -330,7 +336,7 @@ class DraftHead:
                     return proposal()
             # The guess, then its alternatives, all children of the guess above.
             guess = len(nodes)
-            for node in [token, *self._alternatives(logits, token)][:limit - len(nodes)]:
+            for node in [token, *self._alternatives(logits, top, token)][:limit - len(nodes)]:
                 nodes.append(node)
                 parents.append(chain_end)
             chain_end = guess
@@ -350,16 +356,30 @@ class DraftHead:
     def _truncate(self, length: int) -> None:
         self._cache.truncate(min(length, self._cache.length))
 
-    def _alternatives(self, logits: np.ndarray, token: int) -> list[int]:
-        """Up to tree_width - 1 target ids other than `token` that the head finds most probable
-        at this position, most probable first (ties: the lower id); none for chains."""
+    def _alternatives(self, logits: np.ndarray, top: Any, token: int) -> list[int]:
+        """Up to tree_width - 1 target ids other than `token` among `top` (indices of the
+        head's most probable tokens) that the head finds most probable at this position, most
+        probable first (ties: the lower id); none for chains."""
         if self.tree_width == 1:
             return []
-        count = min(self.tree_width, len(logits))
-        top = np.argpartition(-logits, count - 1)[:count]
-        top = top[np.lexsort((top, -logits[top]))]
-        ids = [int(self.draft_ids[i]) for i in top]
-        return [i for i in ids if i != token][:self.tree_width - 1]
+        ranked = top[np.lexsort((top, -logits[top]))][:self.tree_width]
+        return [i for i in self.draft_ids[ranked].tolist() if i != token][:self.tree_width - 1]
 
     def accepted(self, proposed: int, accepted: int) -> None:
         pass
+
+
+def most_probable(logits: np.ndarray, count: int = DRAW_CANDIDATES) -> np.ndarray:
+    """Indices, ascending, of the `count` largest `logits` (ties at the cut: any of them)."""
+    n = len(logits)
+    if n <= count:
+        return np.arange(n)
+    # The count-th largest of about 4 * count block maxima bounds the cut from below (count
+    # blocks each hold an entry at or above it), so only the few entries above it are ranked:
+    # ranking all 8192 of a draft vocabulary costs more than the draw it saves.
+    size = max(1, n // (4 * count))
+    blocks = n // size
+    maxima = logits[:blocks * size].reshape(blocks, size).max(axis=1)
+    near = np.flatnonzero(logits >= np.partition(maxima, blocks - count)[blocks - count])
+    cut = len(near) - count
+    return np.sort(near[np.argpartition(logits[near], cut)[cut:]])

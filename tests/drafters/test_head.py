@@ -104,14 +104,19 @@ def test_guesses_are_keyed_samples_of_the_heads_logits(tiny_targets, head_folder
     head.observe(features_of(target, sequence[:-1]), 0)
     drafts = head.propose(sequence, 3)
     assert len(drafts) == 3 and set(drafts) <= set(head.draft_ids.tolist())
-    # The first guess, by hand: head rows 1..n-1, then the keyed draw over the draft vocabulary.
+    # The first guess, by hand: head rows 1..n-1, then the keyed draw over the head's
+    # DRAW_CANDIDATES most probable draft tokens, every other token banned.
+    from exactdraft.drafters.head import DRAW_CANDIDATES
     from exactdraft.drafters.head_model import HeadCache, head_rows
 
     rows = head_rows(head.weights, HeadCache(head.weights.config),
                      target.embedding_rows(sequence[1:]), features_of(target, sequence[:-1]),
                      np.arange(1, len(sequence)), head.linear)
+    logits = head.logits(rows[-1:])[0]
+    assert len(logits) > DRAW_CANDIDATES  # the cut is tested, not skipped
+    top = np.argsort(-logits, kind="stable")[:DRAW_CANDIDATES]
     full = np.full(target.vocab_size, -1e9, dtype=np.float32)
-    full[head.draft_ids] = head.logits(rows[-1:])[0]
+    full[head.draft_ids[top]] = logits[top]
     assert drafts[0] == KeyedSampler().sample(full, params, pos=len(sequence), history=sequence,
                                               n_prompt=len(sequence))
 
@@ -342,3 +347,19 @@ def test_the_block_is_one_layer_kernel_call_computing_head_rows(tiny_targets, he
     assert np.abs(whole - reference).max() <= 1e-4 * np.abs(reference).max()
     moved = block.rows(block.new_cache(), embeddings, features, positions + 3)
     assert moved.tobytes() != whole.tobytes()
+
+
+def test_most_probable_is_the_largest_logits():
+    """The head's cut is the `count` largest logits, whatever the length (shorter, equal,
+    longer, not a multiple of the blocks) and however the large ones cluster."""
+    from exactdraft.drafters.head import most_probable
+
+    rng = np.random.default_rng(11)
+    for n in (1, 63, 64, 65, 100, 257, 8192, 10007):
+        for clustered in (False, True):
+            logits = rng.permutation(n).astype(np.float32)
+            if clustered:  # the largest all in the first block: the bound must still hold
+                logits = np.sort(logits)[::-1].copy()
+            top = most_probable(logits, 64)
+            expected = np.sort(np.argsort(-logits, kind="stable")[:64])
+            assert np.array_equal(top, expected), (n, clustered)

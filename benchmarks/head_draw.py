@@ -28,8 +28,10 @@ sys.path.insert(0, str(ROOT))
 from cpu_bench import machine  # noqa: E402
 from draw_ab import logits_rows  # noqa: E402
 
+from exactdraft.drafters.head import DraftHead, most_probable  # noqa: E402
 
-def ways(most_probable, sampler, draft_ids: np.ndarray, vocab: int):
+
+def ways(sampler, draft_ids: np.ndarray, vocab: int):
     def full_row(values, params, pos):
         row = np.full(vocab, -1e9, dtype=np.float32)
         row[draft_ids] = values
@@ -47,7 +49,6 @@ def ways(most_probable, sampler, draft_ids: np.ndarray, vocab: int):
 
 def main() -> int:
     import exactdraft as xd
-    from exactdraft.drafters.head import DraftHead, most_probable
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -59,7 +60,7 @@ def main() -> int:
     draft_ids = DraftHead.from_pretrained(None, target).draft_ids
     rows = [row[draft_ids] for row in logits_rows(None)]
     sampler = xd.KeyedSampler()
-    candidates = ways(most_probable, sampler, draft_ids, target.vocab_size)
+    candidates = ways(sampler, draft_ids, target.vocab_size)
     print(json.dumps({"vocab": target.vocab_size, "draft_vocab": int(draft_ids.size),
                       "native": bool(sampler.native)}))
     identical = True

@@ -48,22 +48,24 @@ def unavailable_reason() -> str | None:
 def draw(x: Any, params: SamplingParams, pos: int) -> int:
     """Steps 3-9 of SAMPLER.md on x, the row after step 2 (a C-contiguous 1-D float64 array,
     or float32, which is widened exactly), for the token at absolute position `pos`."""
-    if _native is None:
-        raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
-    if params.temperature > 0 and params.seed is None:
-        raise ValueError("params.seed is None: resolve one first with params.with_seed()")
-    # The noise key uses pos modulo 2**64, as the Python key does for any integer.
-    return _native.draw(x, params.temperature, params.top_k, params.top_p, params.min_p,
-                        params.seed or 0, pos & _MASK)
+    return _native_draw(x, None, params, pos)
 
 
 def draw_among(x: Any, tokens: Any, params: SamplingParams, pos: int) -> int:
     """`draw` among the listed tokens alone: x[i] (float64 or float32, C-contiguous) is the
     row's value of token tokens[i] (int64, strictly ascending, the noise keyed by it); returns
     the index i of the winner."""
+    return _native_draw(x, tokens, params, pos)
+
+
+def _native_draw(x: Any, tokens: Any | None, params: SamplingParams, pos: int) -> int:
     if _native is None:
         raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
     if params.temperature > 0 and params.seed is None:
         raise ValueError("params.seed is None: resolve one first with params.with_seed()")
-    return _native.draw_among(x, tokens, params.temperature, params.top_k, params.top_p,
-                              params.min_p, params.seed or 0, pos & _MASK)
+    # The noise key uses pos modulo 2**64, as the Python key does for any integer.
+    arguments = (params.temperature, params.top_k, params.top_p, params.min_p,
+                 params.seed or 0, pos & _MASK)
+    if tokens is None:
+        return _native.draw(x, *arguments)
+    return _native.draw_among(x, tokens, *arguments)

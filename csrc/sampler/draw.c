@@ -95,12 +95,17 @@ static void start_contest(struct contest *c, const struct draw_request *r, doubl
     c->started = 0;
 }
 
+/* The 53-bit uniform index of the noise of row entry `id`, keyed by its token. */
+static inline uint64_t uniform_index(const struct contest *c, size_t id)
+{
+    return mix(c->position_key ^ (c->tokens ? c->tokens[id] : (uint64_t)id)) >> 11;
+}
+
 /* Offers candidate id, whose scaled score x / T is rough_s up to 8 * 2**-53 * |rough_s|;
  * 0, or -1 when the token's uniform is 1.0. */
 static inline int consider(struct contest *c, size_t id, double rough_s)
 {
-    const uint64_t token = c->tokens ? c->tokens[id] : (uint64_t)id;
-    const uint64_t k = mix(c->position_key ^ token) >> 11;
+    const uint64_t k = uniform_index(c, id);
     if (k == LAST_UNIFORM_INDEX) return -1;
     if (c->started) {
         const double cap = c->noise_cap[highest_bit(LAST_UNIFORM_INDEX - k)]; /* k < 2**53-1 */
@@ -172,7 +177,7 @@ static int open_scalar(const struct contest *c, const struct draw_request *r,
     size_t n = *open;
     for (size_t i = from; i < r->vocab; i++) {
         const double rough = rough_scaled(z, x[i]);
-        const uint64_t k = mix(c->position_key ^ (c->tokens ? c->tokens[i] : (uint64_t)i)) >> 11;
+        const uint64_t k = uniform_index(c, i);
         const int near = rough >= loose;
         unit |= (uint64_t)(near & (k == LAST_UNIFORM_INDEX));
         /* k = 2**53 - 1 takes the cap of 1 (bit 0); the flag above sends it to the slow path. */

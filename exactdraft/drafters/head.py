@@ -4,10 +4,10 @@ Invariant: the head influences speed only. Each guess is sampled with the target
 seed, parameters and history at its own position (SAMPLER.md), from the head's logits over its
 most probable draft tokens in the full vocabulary (every other token banned; greedy draws take
 the argmax of the whole draft vocabulary), so where the head's distribution overlaps the
-target's the shared keyed noise makes the guesses agree; the
-verifier keeps a guess only when it equals the target's own sample. What the head reads of the
-target (the final hidden rows of committed positions, handed over through `observe`, and the
-target's embedding and output rows) changes no bit of the target.
+target's the shared keyed noise makes the guesses agree; the verifier keeps a guess only when
+it equals the target's own sample. What the head reads of the target (the final hidden rows of
+committed positions, handed over through `observe`, and the target's embedding and output
+rows) changes no bit of the target.
 
 How it drafts: it declares `wants_features`, so the Generator's passes return their features
 and Decoding hands it those of every committed position (`observe(rows, start)`). When asked

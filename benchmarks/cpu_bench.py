@@ -48,8 +48,10 @@ from cpu_tools import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("exactdraft", "exactdraft-q", "transformers", "llama.cpp")
 # On request only (--tools): exactdraft's quantized run drafting with the bundled SmolLM2
-# DraftHead, as chains and as trees of width 2.
-HEAD_TOOLS = {"exactdraft-q-head": "head", "exactdraft-q-tree": "tree"}
+# DraftHead, as chains and as trees of width 2, and with lookup first and the head where lookup
+# has no guess.
+HEAD_TOOLS = {"exactdraft-q-head": "head", "exactdraft-q-tree": "tree",
+              "exactdraft-q-fallback": "lookup+head"}
 
 
 def workloads() -> list[Workload]:

@@ -33,8 +33,9 @@ class Timed:
 
 
 class ExactdraftRunner:
-    """`drafter`: "lookup" (PromptLookup), "head" (the bundled DraftHead, chains) or "tree"
-    (the bundled DraftHead proposing trees of width 2)."""
+    """`drafter`: "lookup" (PromptLookup), "head" (the bundled DraftHead, chains), "tree"
+    (the bundled DraftHead proposing trees of width 2) or "lookup+head" (FallbackDrafter:
+    lookup where it has a guess, else the head's chain)."""
 
     def __init__(self, model: str, quantized: bool, drafter: str = "lookup") -> None:
         import exactdraft as xd
@@ -44,12 +45,13 @@ class ExactdraftRunner:
         self.target = build_target(checkpoint, "torch")
         self.tokenizer = checkpoint.tokenizer
         self.serial = xd.Generator(self.target, tokenizer=self.tokenizer)
-        if drafter == "lookup":
-            draft = xd.PromptLookup(max_draft=8)
-        else:
-            tree = drafter == "tree"
-            draft = xd.DraftHead.from_pretrained(None, self.target, max_draft=6 if tree else 4,
-                                                 tree_width=2 if tree else 1)
+        tree = drafter == "tree"
+        head = None if drafter == "lookup" else \
+            xd.DraftHead.from_pretrained(None, self.target, max_draft=6 if tree else 4,
+                                         tree_width=2 if tree else 1)
+        draft = {"lookup": lambda: xd.PromptLookup(max_draft=8),
+                 "lookup+head": lambda: xd.FallbackDrafter(xd.PromptLookup(max_draft=8), head)
+                 }.get(drafter, lambda: head)()
         self.drafted = xd.Generator(self.target, draft, tokenizer=self.tokenizer)
         self.xd = xd
 

@@ -61,7 +61,8 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lookup (prompt lookup), suffix (suffix matching over the prompt "
                              "and earlier replies), head (the draft head bundled for the model), "
                              "head:PATH (a head from train-drafter), model:PATH (a smaller "
-                             "model with the same vocabulary), or none (default: lookup)")
+                             "model with the same vocabulary), several joined by + (the first "
+                             "with a guess drafts, e.g. lookup+head), or none (default: lookup)")
     parser.add_argument("--max-draft", type=int, default=None,
                         help="most drafts per pass (default: 8 for lookup and suffix, 4 for a "
                              "head or a model)")
@@ -164,17 +165,20 @@ def validate(args: argparse.Namespace) -> None:
         raise ParameterError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.max_draft is not None and args.max_draft < 1:
         raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
-    if args.drafter not in ("lookup", "suffix", "head", "none") and \
-            not args.drafter.startswith(("model:", "head:")):
-        raise ParameterError(f"unknown drafter {args.drafter!r}: use lookup, suffix, head, "
-                             "head:PATH, model:PATH or none")
-    for prefix, what in (("model:", "the draft model's path"), ("head:", "the head's folder")):
-        if args.drafter == prefix:
-            raise ParameterError(f"--drafter {prefix}PATH needs {what}")
-    if args.drafter.startswith("head:") and \
-            not os.path.isdir(os.path.expanduser(args.drafter[len("head:"):])):
-        raise ParameterError(f"--drafter {args.drafter}: no folder there (train-drafter "
-                             "writes one)")
+    parts = args.drafter.split("+")
+    for part in parts:
+        if part not in ("lookup", "suffix", "head", "none") and \
+                not part.startswith(("model:", "head:")) or part == "none" and len(parts) > 1:
+            raise ParameterError(f"unknown drafter {part!r}: use lookup, suffix, head, "
+                                 "head:PATH, model:PATH, several joined by +, or none")
+        for prefix, what in (("model:", "the draft model's path"),
+                             ("head:", "the head's folder")):
+            if part == prefix:
+                raise ParameterError(f"--drafter {prefix}PATH needs {what}")
+        if part.startswith("head:") and \
+                not os.path.isdir(os.path.expanduser(part[len("head:"):])):
+            raise ParameterError(f"--drafter {part}: no folder there (train-drafter "
+                                 "writes one)")
     if args.model is not None and not os.path.exists(os.path.expanduser(args.model)):
         from exactdraft.loading.hub import looks_like_hub_id
 
@@ -251,6 +255,12 @@ def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
 
     if spec == "none":
         return None
+    if "+" in spec:
+        from exactdraft.arguments import is_drafter_factory
+
+        parts = [_drafter(part, max_draft, options) for part in spec.split("+")]
+        return lambda target: xd.FallbackDrafter(*(
+            part(target) if is_drafter_factory(part) else part for part in parts))
     if spec == "lookup":
         return xd.PromptLookup(max_draft=max_draft or 8)
     if spec == "suffix":

@@ -166,6 +166,11 @@ class Decoding:
         # A policy per generation, as if reset: the Generator's holds the measured costs.
         self.policy = generator.depth_policy.fresh() \
             if self.drafter is not None and generator.depth_policy is not None else None
+        # A drafter of several sources (FallbackDrafter) gets a policy per source: each
+        # source's acceptance and time set the depth asked of it.
+        self.policies = [self.policy] + [self.policy.fresh() for _ in
+                                         range(self.drafter.sources - 1)] \
+            if self.policy is not None else []
         self.planned: list[int] = []  # the tokens of the pass being run
         self.drafts: list[int] = []  # the drafts among them
         self.tree: DraftTree | None = None  # the drafts' tree, when they are one
@@ -217,12 +222,14 @@ class Decoding:
                         self.target.max_context - len(sequence)) - 1
             # A tree's nodes are chosen after it is proposed (the policy weighs every node);
             # a chain's depth before. Either way nothing is proposed where no draft pays.
+            started = time.perf_counter()
+            if len(self.policies) > 1 and drafts and limit > 0:
+                self.policy = self.policies[self.drafter.source(tuple(sequence))]
             if self.policy is not None:
                 depth = self.policy.depth(limit)
                 limit = depth if not trees or depth == 0 else limit
             if self.drafter is not None and drafts and limit > 0:
                 # A copy, so a drafter cannot change the committed sequence.
-                started = time.perf_counter()
                 proposal = self.drafter.propose(tuple(sequence), limit)
                 self._draft_seconds = time.perf_counter() - started
                 if self.policy is not None and self._proposed:  # the first one catches up

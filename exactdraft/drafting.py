@@ -1,12 +1,13 @@
 """CheckedDrafter: a drafter's proposals, made safe to verify whatever the drafter does.
 
-Invariant: a drafter can cost at most the pass it misbehaves in. Whatever `begin`, `propose`
-or `accepted` does (raise, return ids outside the vocabulary, non-integers, more tokens than
-asked), the Generator receives a valid draft (possibly empty) and the run continues with the
-tokens serial decoding writes: drafts only ever change how many passes a run takes. Each
-misbehaviour is counted by kind in DrafterFaults, named after the drafter, and the first of
-each kind in a generation is reported once as a RuntimeWarning. A DraftTree reaches the
-Generator only when trees can be verified (`trees`); otherwise its first path does, as a chain.
+Invariant: a drafter can cost at most the pass it misbehaves in. Whatever `begin`, `propose`,
+`source` or `accepted` does (raise, return ids outside the vocabulary, non-integers, more
+tokens than asked), the Generator receives a valid draft (possibly empty) and the run
+continues with the tokens serial decoding writes: drafts only ever change how many passes a
+run takes. Each misbehaviour is counted by kind in DrafterFaults, named after the drafter,
+and the first of each kind in a generation is reported once as a RuntimeWarning. A DraftTree
+reaches the Generator only when trees can be verified (`trees`); otherwise its first path
+does, as a chain.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ OUT_OF_VOCABULARY = "out_of_vocabulary"
 NOT_A_TOKEN = "not_a_token"
 TOO_MANY = "too_many"
 NOT_A_SEQUENCE = "not_a_sequence"
+NOT_A_SOURCE = "not_a_source"
 
 
 @dataclass
@@ -73,6 +75,11 @@ class CheckedDrafter:
         # A drafter that reads the target's features (DraftHead) says so; it then gets the
         # final hidden rows of the committed positions through `observe`.
         self.wants_features = getattr(drafter, "wants_features", False) is True
+        # A drafter that chooses among several proposers (FallbackDrafter) declares how many
+        # `sources` it has and says through `source(sequence)` which one proposes next.
+        sources = getattr(drafter, "sources", 1)
+        self.sources = sources if isinstance(sources, int) and not isinstance(sources, bool) \
+            and sources >= 1 and hasattr(drafter, "source") else 1
 
     def begin(self, prompt: Sequence[int], context: DraftContext) -> None:
         try:
@@ -152,6 +159,23 @@ class CheckedDrafter:
                 break
             drafts.append(token)
         return drafts
+
+    def source(self, sequence: Sequence[int]) -> int:
+        """Which of the drafter's sources proposes after `sequence` (0 for a drafter of one
+        source, or when the drafter misbehaves)."""
+        if self.sources == 1 or not self.working:
+            return 0
+        try:
+            index = self.drafter.source(sequence)
+        except Exception as error:
+            self.faults.add(RAISED, f"source() raised {type(error).__name__}: {error}")
+            return 0
+        if isinstance(index, bool) or not isinstance(index, int) or \
+                not 0 <= index < self.sources:
+            self.faults.add(NOT_A_SOURCE, f"source() returned {describe(index)}, not one of "
+                                          f"its {self.sources} sources")
+            return 0
+        return index
 
     def accepted(self, proposed: int, accepted: int) -> None:
         try:

@@ -2,10 +2,11 @@
 
 from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
 from exactdraft.drafters.draft_model import DraftModel
+from exactdraft.drafters.fallback import FallbackDrafter
 from exactdraft.drafters.head import DraftHead
 from exactdraft.drafters.mtp import MTPDrafter
 from exactdraft.drafters.prompt_lookup import PromptLookup
 from exactdraft.drafters.suffix import SuffixDrafter
 
-__all__ = ["DraftContext", "DraftHead", "DraftModel", "DraftTree", "Drafter", "MTPDrafter",
-           "PromptLookup", "SuffixDrafter"]
+__all__ = ["DraftContext", "DraftHead", "DraftModel", "DraftTree", "Drafter", "FallbackDrafter",
+           "MTPDrafter", "PromptLookup", "SuffixDrafter"]

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.decoding import Chunk, Decoding, GenerationResult
+from exactdraft.drafters.fallback import FallbackDrafter
 from exactdraft.drafters.prompt_lookup import PromptLookup
 from exactdraft.drafters.suffix import SuffixDrafter
 from exactdraft.engine.prefix_cache import Block, PrefixCache
@@ -43,6 +44,12 @@ from exactdraft.prompts import PromptInput
 
 # Drafters whose whole state is plain data: each sequence drafts with its own copy.
 _COPYABLE_DRAFTERS = (PromptLookup, SuffixDrafter)
+
+
+def _copyable(drafter: object) -> bool:
+    if isinstance(drafter, FallbackDrafter):
+        return all(_copyable(child) for child in drafter.drafters)
+    return isinstance(drafter, _COPYABLE_DRAFTERS)
 
 
 @dataclass
@@ -209,7 +216,7 @@ class Engine:
                 target.import_kv(state, *(_along_positions(arrays) for arrays in stack))
         drafter, shared = None, False
         if generator.drafter is not None and run.use_drafts:
-            if isinstance(generator.drafter, _COPYABLE_DRAFTERS):
+            if _copyable(generator.drafter):
                 drafter = copy.deepcopy(generator.drafter)
             elif not self._shared_drafter_busy:
                 self._shared_drafter_busy = shared = True

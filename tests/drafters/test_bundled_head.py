@@ -7,6 +7,7 @@ import pytest
 
 import exactdraft as xd
 from tests.conftest import needs_smollm2
+from tests.drafters.test_fallback import CountingFallback
 from tests.exactness import ExactnessCheck
 
 pytestmark = needs_smollm2
@@ -23,6 +24,22 @@ def test_the_bundled_head_drafts_exactly(smollm2):
         params = xd.SamplingParams(temperature=temperature, seed=seed)
         check.compare(generator, messages, 32, params, stop_tokens=[])
     check.assert_exact(min_accepted=4)
+
+
+def test_lookup_then_the_bundled_head_drafts_exactly(smollm2):
+    """A reply that copies part of its prompt: lookup drafts the copy, the head the rest, and
+    every committed token is the serial run's."""
+    target, tokenizer = smollm2
+    drafter = CountingFallback(xd.PromptLookup(), xd.DraftHead.from_pretrained(None, target))
+    generator = xd.Generator(target, drafter, tokenizer=tokenizer, adaptive_depth=False)
+    check = ExactnessCheck()
+    messages = [{"role": "user", "content": "Repeat this line twice, then explain it: the quick "
+                                            "brown fox jumps over the lazy dog."}]
+    for seed, temperature in enumerate((0.0, 0.7)):
+        params = xd.SamplingParams(temperature=temperature, seed=seed)
+        check.compare(generator, messages, 48, params, stop_tokens=[])
+    check.assert_exact(min_accepted=4)
+    assert min(drafter.verified) > 0, drafter.verified
 
 
 def test_the_bundled_head_is_refused_for_other_weights(smollm2, tiny_targets):
@@ -46,10 +63,12 @@ def test_from_pretrained_builds_a_head_from_a_factory_and_the_cli_names_it(capsy
     assert drafted.tokens == serial.tokens and drafted.stats.drafted > 0
     with pytest.raises(xd.ParameterError, match="drafter"):
         xd.Generator.from_pretrained(None, drafter=lambda target: 42, progress=False)
-    assert main(["generate", "--chat", "Name three colours.", "--drafter", "head",
-                 "--max-new-tokens", "12", "--temperature", "0"]) == 0
-    summary = capsys.readouterr().err.strip().splitlines()[-1]
-    assert summary.startswith("drafted [") and "tokens/pass" in summary, summary
+    for spec in ("head", "lookup+head"):
+        assert main(["generate", "--chat", "Name three colours.", "--drafter", spec,
+                     "--max-new-tokens", "12", "--temperature", "0", "--compare"]) == 0
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].startswith("identical: yes"), lines
+        assert any(line.startswith("drafted [") and "tokens/pass" in line for line in lines)
 
 
 def test_the_head_drafts_in_the_engine(smollm2):

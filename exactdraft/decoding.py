@@ -223,14 +223,15 @@ class Decoding:
             # A tree's nodes are chosen after it is proposed (the policy weighs every node);
             # a chain's depth before. Either way nothing is proposed where no draft pays.
             started = time.perf_counter()
+            # A copy, so a drafter cannot change the committed sequence.
+            committed = tuple(sequence) if self.drafter is not None and drafts else ()
             if len(self.policies) > 1 and drafts and limit > 0:
-                self.policy = self.policies[self.drafter.source(tuple(sequence))]
+                self.policy = self.policies[self.drafter.source(committed)]
             if self.policy is not None:
                 depth = self.policy.depth(limit)
                 limit = depth if not trees or depth == 0 else limit
             if self.drafter is not None and drafts and limit > 0:
-                # A copy, so a drafter cannot change the committed sequence.
-                proposal = self.drafter.propose(tuple(sequence), limit)
+                proposal = self.drafter.propose(committed, limit)
                 self._draft_seconds = time.perf_counter() - started
                 if self.policy is not None and self._proposed:  # the first one catches up
                     proposed_depth = proposal.depth() if isinstance(proposal, DraftTree) \

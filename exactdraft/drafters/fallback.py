@@ -86,8 +86,8 @@ class FallbackDrafter:
     def source(self, sequence: Sequence[int]) -> int:
         """Which drafter proposes after `sequence`: the first whose proposal is not empty (the
         proposal is kept for `propose`)."""
-        key = tuple(sequence)
-        if self._asked is not None and self._asked[0] == key:
+        key = tuple(sequence)  # the Generator's own tuple when it asks: no copy
+        if self._asked is not None and (self._asked[0] is key or self._asked[0] == key):
             return self._asked[1]
         for index, drafter in enumerate(self.drafters[:-1]):
             proposal = drafter.propose(key, drafter.max_draft)
@@ -103,7 +103,7 @@ class FallbackDrafter:
         drafter, kept = self.drafters[index], self._asked[2]
         limit = min(limit, drafter.max_draft)
         if kept is None:
-            return drafter.propose(tuple(sequence), limit)
+            return drafter.propose(self._asked[0], limit)
         return _cut(kept, limit)
 
     def accepted(self, proposed: int, accepted: int) -> None:

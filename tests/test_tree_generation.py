@@ -9,6 +9,8 @@ import random
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import exactdraft as xd
 from exactdraft.depth import DepthPolicy
@@ -226,3 +228,113 @@ def test_adaptive_trees_write_the_serial_tokens_and_follow_acceptance(cpu_target
         assert passes[True] < passes[False] / 2, passes
     else:
         assert passes[True] > passes[False] * 3 / 4, passes
+
+
+class CorruptingTreeDrafter:
+    """Random trees around the serial continuation, corrupted on purpose: each level holds
+    `width` (1..max_width) siblings, the true token at a random rank unless the level is
+    corrupted (then every sibling is wrong and the true path ends there); wrong nodes may carry
+    subtrees of their own (never to be kept), siblings may repeat, and the nodes are listed in
+    a random order that keeps parents before children; at most `limit` nodes, those built
+    first. All randomness comes from `seed`."""
+
+    def __init__(self, serial: list[int], prompt_length: int, seed: int, max_width: int,
+                 max_draft: int, error_rate: float, vocab_size: int = 128) -> None:
+        self.serial, self.prompt_length = serial, prompt_length
+        self.random = random.Random(seed)
+        self.max_width, self.max_draft, self.error_rate = max_width, max_draft, error_rate
+        # Declared tree drafting even at width 1 (subtrees under wrong nodes still branch).
+        self.tree_width, self.vocab_size = max(2, max_width), vocab_size
+
+    def begin(self, prompt, context) -> None:
+        pass
+
+    def wrong(self, token: int) -> int:
+        return (token + 1 + self.random.randrange(self.vocab_size - 1)) % self.vocab_size
+
+    def propose(self, sequence, limit):
+        done = len(sequence) - self.prompt_length
+        nodes: list[tuple[int, int]] = []  # (token, parent), parents first
+        parent = -1
+        for token in self.serial[done:done + self.max_draft]:
+            width = self.random.randint(1, self.max_width)
+            corrupted = self.random.random() < self.error_rate
+            rank = -1 if corrupted else self.random.randrange(width)
+            level = len(nodes)
+            for r in range(width):
+                nodes.append((token if r == rank else self.wrong(token), parent))
+            for wrong_node in range(level, level + width):  # subtrees under wrong nodes
+                if wrong_node != level + rank and self.random.random() < 0.3:
+                    nodes.append((self.random.randrange(self.vocab_size), wrong_node))
+            if corrupted:
+                break
+            parent = level + rank
+        return DraftTree(*shuffled_topologically(nodes[:limit], self.random))
+
+    def accepted(self, proposed, accepted) -> None:
+        pass
+
+
+def shuffled_topologically(nodes: list[tuple[int, int]], rng: random.Random) -> tuple:
+    """(tokens, parents) of the tree `nodes` in a random order with parents before children."""
+    order, placed, ready = [], {-1: -1}, [i for i, (_, p) in enumerate(nodes) if p == -1]
+    while ready:
+        node = ready.pop(rng.randrange(len(ready)))
+        placed[node] = len(order)
+        order.append(node)
+        ready += [i for i, (_, p) in enumerate(nodes) if p == node]
+    return (tuple(nodes[i][0] for i in order), tuple(placed[nodes[i][1]] for i in order))
+
+
+def corrupted_tree_runs(target, guard, temperature, top_k, top_p, repetition, seed, width,
+                        depth, error_rate, prompt, max_new):
+    """Drafted and serial runs (tokens and top-3 logprobs) with the corrupting drafter."""
+    params = dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                  repetition_penalty=repetition, seed=seed)
+    serial = xd.Generator(target).generate(prompt, max_new, logprobs=3, stop_tokens=[],
+                                           **params)
+    drafter = CorruptingTreeDrafter(serial.tokens, len(prompt), seed, width, depth, error_rate)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no drafter fault: every proposal is a valid tree
+        generator = xd.Generator(target, drafter, adaptive_depth=False, guard=guard,
+                                 strict=guard)
+    assert generator.trees
+    drafted = generator.generate(prompt, max_new, logprobs=3, stop_tokens=[], **params)
+    return drafted, serial
+
+
+TREE_SETTINGS = dict(temperature=st.sampled_from([0.0, 0.5, 1.0, 1.5]),
+                     top_k=st.sampled_from([0, 5]), top_p=st.sampled_from([1.0, 0.8]),
+                     repetition=st.sampled_from([1.0, 1.2]), seed=st.integers(0, 2**63),
+                     width=st.integers(1, 4), depth=st.integers(1, 7),
+                     error_rate=st.sampled_from([0.0, 0.3, 1.0]),
+                     prompt=st.lists(st.integers(0, 127), min_size=1, max_size=30),
+                     max_new=st.integers(1, 24))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(**TREE_SETTINGS)
+def test_random_corrupted_trees_write_the_serial_tokens(cpu_target, temperature, top_k, top_p,
+                                                        repetition, seed, width, depth,
+                                                        error_rate, prompt, max_new):
+    drafted, serial = corrupted_tree_runs(cpu_target, True, temperature, top_k, top_p,
+                                          repetition, seed, width, depth, error_rate, prompt,
+                                          max_new)
+    assert same(drafted, serial)
+    assert drafted.stats.drafter_faults.total == 0
+    if max_new > 2:  # room for a draft after the first token: a tree was verified
+        assert drafted.stats.drafted > 0
+
+
+def test_negative_control_random_corrupted_trees_on_chain_attention(cpu_target):
+    """The same runs on a target whose tree pass ignores the parents (guard off) write other
+    tokens or logprobs in some of a fixed sample of the settings above."""
+    rng = random.Random(7)
+    differing = 0
+    for case in range(20):
+        prompt = [rng.randrange(128) for _ in range(rng.randint(5, 30))]
+        drafted, serial = corrupted_tree_runs(ChainTreeTarget(cpu_target), False, 1.0, 0, 1.0,
+                                              1.0, case, 3, 6, 0.0, prompt, 24)
+        differing += not same(drafted, serial)
+    assert differing > 0

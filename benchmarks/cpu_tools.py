@@ -49,9 +49,12 @@ class ExactdraftRunner:
         head = None if drafter == "lookup" else \
             xd.DraftHead.from_pretrained(None, self.target, max_draft=6 if tree else 4,
                                          tree_width=2 if tree else 1)
-        draft = {"lookup": lambda: xd.PromptLookup(max_draft=8),
-                 "lookup+head": lambda: xd.FallbackDrafter(xd.PromptLookup(max_draft=8), head)
-                 }.get(drafter, lambda: head)()
+        if drafter == "lookup":
+            draft = xd.PromptLookup(max_draft=8)
+        elif drafter == "lookup+head":
+            draft = xd.FallbackDrafter(xd.PromptLookup(max_draft=8), head)
+        else:
+            draft = head
         self.drafted = xd.Generator(self.target, draft, tokenizer=self.tokenizer)
         self.xd = xd
 

@@ -167,8 +167,9 @@ def validate(args: argparse.Namespace) -> None:
         raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
     parts = args.drafter.split("+")
     for part in parts:
-        if part not in ("lookup", "suffix", "head", "none") and \
-                not part.startswith(("model:", "head:")) or part == "none" and len(parts) > 1:
+        known = part in ("lookup", "suffix", "head", "none") or \
+            part.startswith(("model:", "head:"))
+        if not known or (part == "none" and len(parts) > 1):
             raise ParameterError(f"unknown drafter {part!r}: use lookup, suffix, head, "
                                  "head:PATH, model:PATH, several joined by +, or none")
         for prefix, what in (("model:", "the draft model's path"),

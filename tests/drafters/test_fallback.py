@@ -118,6 +118,8 @@ def lookup_then_head_runs(target, head_folder, filters: dict, adaptive: bool) ->
             head = xd.DraftHead.from_pretrained(head_folder, target, max_draft=4)
             drafter = CountingFallback(PromptLookup(max_draft=6), head)
             generator = xd.Generator(target, drafter, adaptive_depth=adaptive)
+            if adaptive:  # fixed pass costs: the policy's choices do not follow machine load
+                generator.depth_policy = DepthPolicy([1.0 + 0.1 * w for w in range(7)])
             check.compare(generator, PROMPTS[seed % len(PROMPTS)] * 2, 24, params,
                           serial=serial, stop_tokens=[], label=f"t={temperature} seed {seed}")
             verified = [a + b for a, b in zip(verified, drafter.verified)]

@@ -1,0 +1,42 @@
+"""The Anthropic endpoints: /v1/messages, whole or as its stream of events.
+
+Invariant: a request is checked whole before it is queued (a refusal is a RequestError naming
+the field); once queued, the message carries what the engine committed (anthropic_api.py), and
+a client that goes away cancels it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import exactdraft.server.anthropic_api as anthropic_api
+from exactdraft.engine import Submission
+from exactdraft.server.context import Call
+from exactdraft.server.streaming import sse, stream_error, whole
+
+
+async def messages(call: Call) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    service = call.service
+    wanted = anthropic_api.messages_request(await call.body(), service)
+    submission, ids = service.submit(wanted, "messages")
+    reply = anthropic_api.Reply(service, wanted, ids)
+    if wanted.stream:
+        return StreamingResponse(_stream(reply, submission), media_type="text/event-stream")
+    results = await whole(submission, call.request)
+    return JSONResponse(reply.whole(results))
+
+
+async def _stream(reply: anthropic_api.Reply, submission: Submission) -> AsyncIterator[str]:
+    try:
+        for event, payload in reply.start_events():
+            yield sse(payload, event)
+        async for _, chunk in submission:
+            for event, payload in reply.chunk_events(chunk):
+                yield sse(payload, event)
+    except Exception as error:
+        yield sse({"type": "error", "error": stream_error(error)}, "error")
+    finally:
+        submission.cancel()

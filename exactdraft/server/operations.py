@@ -1,0 +1,21 @@
+"""Endpoints for operating the server: /health.
+
+Invariant: they read the engine's state and change nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exactdraft.server.context import Call
+
+
+async def health(call: Call) -> Any:
+    from starlette.responses import JSONResponse
+
+    engine = call.shared.engine
+    running, waiting = engine.load
+    return JSONResponse({"status": "ok", "model": call.shared.model_name, "running": running,
+                         "waiting": waiting, "max_sequences": engine.max_sequences,
+                         "max_waiting": engine.max_waiting,
+                         "cancelled": engine.stats.cancelled})

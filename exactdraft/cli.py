@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-file", default=None,
                        help="a safetensors file to start the prefix cache from and save it to "
                             "on shutdown (default: none)")
+    serve.add_argument("--log-level", default="info",
+                       choices=("debug", "info", "warning", "error"),
+                       help="the server's log: info = one line per request (default: info)")
     from exactdraft.training.command import add_arguments
 
     add_arguments(commands.add_parser("train-drafter", help="train a draft head (DraftHead) "
@@ -229,7 +232,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
           max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-          prefix_cache_file=args.prefix_cache_file, ready=ready)
+          prefix_cache_file=args.prefix_cache_file, log_level=args.log_level, ready=ready)
     return 0
 
 

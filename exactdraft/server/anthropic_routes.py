@@ -24,19 +24,30 @@ async def messages(call: Call) -> Any:
     submission, ids = service.submit(wanted, "messages")
     reply = anthropic_api.Reply(service, wanted, ids)
     if wanted.stream:
-        return StreamingResponse(_stream(reply, submission), media_type="text/event-stream")
-    results = await whole(submission, call.request)
+        return StreamingResponse(_stream(call, reply, submission),
+                                 media_type="text/event-stream")
+    results = await whole(submission, call)
+    call.count_submission(submission, len(ids))
     return JSONResponse(reply.whole(results))
 
 
-async def _stream(reply: anthropic_api.Reply, submission: Submission) -> AsyncIterator[str]:
+async def _stream(call: Call, reply: anthropic_api.Reply,
+                  submission: Submission) -> AsyncIterator[str]:
     try:
         for event, payload in reply.start_events():
             yield sse(payload, event)
         async for _, chunk in submission:
+            call.seen(chunk)
+            if submission.done and not call.finished:  # counted before the last event
+                call.count_submission(submission, len(reply.prompt_ids))
+                call.finish(200)
             for event, payload in reply.chunk_events(chunk):
                 yield sse(payload, event)
     except Exception as error:
+        call.finish(500)
         yield sse({"type": "error", "error": stream_error(error)}, "error")
     finally:
         submission.cancel()
+        if not call.finished:  # the client went away
+            call.count_submission(submission, len(reply.prompt_ids))
+            call.finish(200)

@@ -20,6 +20,8 @@ from exactdraft.engine import Engine
 from exactdraft.server.context import Call, Shared
 from exactdraft.server.endpoints import ENDPOINTS, Endpoint
 from exactdraft.server.fields import RequestError
+from exactdraft.server.metrics import Metrics
+from exactdraft.server.metrics import available as metrics_available
 from exactdraft.server.service import Service
 
 
@@ -29,7 +31,10 @@ def create_app(engine: Engine, model_name: str,
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    shared = Shared(Service(engine, model_name), engine, model_name, on_shutdown)
+    service = Service(engine, model_name)
+    shared = Shared(service, engine, model_name, on_shutdown)
+    if metrics_available():
+        shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage)
     wires = {endpoint.path: endpoint.wire for endpoint in ENDPOINTS}
 
     async def failure(request: Any, error: Exception) -> Any:
@@ -50,13 +55,19 @@ def route(endpoint: Endpoint, shared: Shared) -> Callable[[Any], Awaitable[Any]]
     and failures answered in the endpoint's wire format."""
     handler = endpoint.load()
 
+    from starlette.responses import StreamingResponse
+
     async def handle(request: Any) -> Any:
+        call = Call(request, shared, quiet=endpoint.quiet)
         try:
-            return await handler(Call(request, shared))
+            response = await handler(call)
         except RequestError as error:
-            return error_response(endpoint.wire, error)
+            response = error_response(endpoint.wire, error)
         except Exception as error:
-            return error_response(endpoint.wire, failed(error))
+            response = error_response(endpoint.wire, failed(error))
+        if not isinstance(response, StreamingResponse):  # a stream finishes its call itself
+            call.finish(response.status_code)
+        return response
 
     return handle
 

@@ -22,6 +22,7 @@ class Endpoint:
     # application is built
     handler: str
     wire: str = "openai"  # the format of its error bodies: "openai" or "anthropic"
+    quiet: bool = False  # logged at DEBUG, not INFO (what probes and scrapers call)
 
     def load(self) -> Callable[[Any], Awaitable[Any]]:
         module, name = self.handler.split(":")
@@ -33,7 +34,8 @@ class Endpoint:
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/chat/completions", "openai_routes:chat_completions"),
     Endpoint("POST", "/v1/completions", "openai_routes:completions"),
-    Endpoint("GET", "/v1/models", "openai_routes:models"),
+    Endpoint("GET", "/v1/models", "openai_routes:models", quiet=True),
     Endpoint("POST", "/v1/messages", "anthropic_routes:messages", "anthropic"),
-    Endpoint("GET", "/health", "operations:health"),
+    Endpoint("GET", "/health", "operations:health", quiet=True),
+    Endpoint("GET", "/metrics", "operations:metrics", quiet=True),
 )

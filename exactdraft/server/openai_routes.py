@@ -40,17 +40,24 @@ async def _generate(call: Call, chat: bool) -> Any:
     submission, ids = service.submit(wanted, "messages" if chat else "prompt")
     reply = openai_api.Reply(service, chat, wanted, ids)
     if wanted.stream:
-        return StreamingResponse(_stream(reply, submission), media_type="text/event-stream")
-    results = await whole(submission, call.request)
+        return StreamingResponse(_stream(call, reply, submission),
+                                 media_type="text/event-stream")
+    results = await whole(submission, call)
+    call.count_submission(submission, len(ids))
     return JSONResponse(reply.whole(results))
 
 
-async def _stream(reply: openai_api.Reply, submission: Submission) -> AsyncIterator[str]:
+async def _stream(call: Call, reply: openai_api.Reply,
+                  submission: Submission) -> AsyncIterator[str]:
     started: set[int] = set()
     offsets: dict[int, int] = {}
     completion = 0
     try:
         async for index, chunk in submission:
+            call.seen(chunk)
+            if submission.done and not call.finished:  # counted before the last event
+                call.count_submission(submission, len(reply.prompt_ids))
+                call.finish(200)
             yield sse(reply.chunk(index, chunk, index not in started, offsets.get(index, 0)))
             started.add(index)
             if chunk.logprobs:  # completions' text_offset counts the token pieces so far
@@ -61,6 +68,10 @@ async def _stream(reply: openai_api.Reply, submission: Submission) -> AsyncItera
             yield sse(reply.usage_chunk(completion))
         yield "data: [DONE]\n\n"
     except Exception as error:  # an engine failure after the headers went out
+        call.finish(500)
         yield sse({"error": stream_error(error)})
     finally:
         submission.cancel()  # the client went away (or the stream ended): free its sequences
+        if not call.finished:  # the client went away
+            call.count_submission(submission, len(reply.prompt_ids))
+            call.finish(200)

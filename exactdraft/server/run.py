@@ -7,6 +7,7 @@ whole when the server shuts down, so a restarted server starts warm with the sam
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,8 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           log_level: str = "warning") -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
-    shutdown."""
+    shutdown. `log_level` is uvicorn's; each request's line goes to the logger
+    `exactdraft.server` instead of uvicorn's access log."""
     import uvicorn
 
     from exactdraft.server.app import create_app
@@ -37,7 +39,8 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
             save_prefix_cache(engine.prefix_cache, prefix_cache_file, generator.target)
 
     app = create_app(engine, model_name, on_shutdown=shut_down)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           access_log=False))
     server.engine = engine
     return server
 
@@ -50,7 +53,11 @@ def bound_address(server: Any) -> tuple[str, int]:
 def serve(generator: Generator, model_name: str, *,
           ready: Callable[[tuple[str, int]], None] | None = None, **options: Any) -> None:
     """Serve `generator` until interrupted (options: those of `build`). `ready` is called with
-    the bound (host, port) once the server accepts connections."""
+    the bound (host, port) once the server accepts connections. With `log_level`, the logger
+    `exactdraft.server` logs at that level (on stderr, unless logging is configured
+    already): one line per request at "info"."""
+    if "log_level" in options:
+        configure_logging(options["log_level"])
     server = build(generator, model_name, **options)
     if ready is not None:
         original = server.startup
@@ -62,3 +69,15 @@ def serve(generator: Generator, model_name: str, *,
 
         server.startup = startup
     server.run()
+
+
+def configure_logging(level: str) -> None:
+    """The request log at `level` ("debug", "info", "warning", "error"), on stderr unless the
+    process has configured logging itself."""
+    logger = logging.getLogger("exactdraft.server")
+    logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        logger.addHandler(handler)

@@ -42,6 +42,7 @@ class Service:
         backend = getattr(self.target, "backend", None)
         self.backend = type(self.target).__name__ if backend is None else \
             f"{backend.name} {backend.device} {backend.dtype}"
+        self.live: set[Submission] = set()  # submitted and not done, for kv_usage
 
     def check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")
@@ -83,7 +84,16 @@ class Service:
             raise RequestError(str(error), None, 429, "rate_limit_error") from None
         except (ParameterError, TokenizerError) as error:
             raise RequestError(str(error), None) from None
+        self.live = {s for s in self.live if not s.done} | {submission}
         return submission, ids
+
+    def kv_usage(self) -> float:
+        """Positions held by the running sequences of this server's requests (a started,
+        unfinished sample holds its prompt and output) over the engine's room for them."""
+        self.live = {s for s in self.live if not s.done}
+        held = sum(len(run.prompt_ids) + len(run.output) for s in list(self.live)
+                   for run in s.runs if run.final is None and run.stats.prefill_passes)
+        return min(1.0, held / (self.engine.max_sequences * self.target.max_context))
 
     def receipt(self, result: GenerationResult) -> dict[str, Any]:
         stats = result.stats

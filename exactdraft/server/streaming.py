@@ -13,23 +13,24 @@ import json
 from typing import Any
 
 from exactdraft.engine import Submission
+from exactdraft.server.context import Call
 
 DISCONNECT_POLL_SECONDS = 0.2
 
 
-async def whole(submission: Submission, request: Any) -> list[Any]:
+async def whole(submission: Submission, call: Call) -> list[Any]:
     """Every result of a submission, cancelling it if the client goes away meanwhile."""
     async def watch() -> None:
         while not submission.done:
-            if await request.is_disconnected():
+            if await call.request.is_disconnected():
                 submission.cancel()
                 return
             await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
     watcher = asyncio.create_task(watch())
     try:
-        async for _ in submission:
-            pass
+        async for _, chunk in submission:
+            call.seen(chunk)
     finally:
         watcher.cancel()
         submission.cancel()  # a no-op once done; frees the samples if this task was cancelled

@@ -40,16 +40,17 @@ def server_in_thread(generator: Any, model_name: str, **options: Any) -> Iterato
 
 
 @contextlib.contextmanager
-def server_process(*arguments: str) -> Iterator[str]:
+def server_process(*arguments: str, stderr: Any = subprocess.PIPE) -> Iterator[str]:
     """The base url of `python -m exactdraft serve ARGUMENTS --port 0` in its own process, run
-    from the repository's root."""
+    from the repository's root (its stderr: a pipe read if it fails to start, or `stderr`)."""
     command = [sys.executable, "-m", "exactdraft", "serve", *arguments, "--port", "0"]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, env=env,
                              text=True, cwd=ROOT)
     try:
         line = child.stdout.readline()  # "exactdraft: serving NAME on http://HOST:PORT"
-        assert " on http://" in line, f"the server did not start: {line}{child.stderr.read()}"
+        assert " on http://" in line, \
+            f"the server did not start: {line}{child.stderr and child.stderr.read()}"
         yield line.rsplit(" on ", 1)[1].strip()
     finally:
         child.terminate()
@@ -59,7 +60,8 @@ def server_process(*arguments: str) -> Iterator[str]:
             child.kill()
             child.wait(timeout=60)
         child.stdout.close()
-        child.stderr.close()
+        if child.stderr is not None:
+            child.stderr.close()
 
 
 def post(base: str, path: str, body: bytes | dict, timeout: float = 120) -> tuple[int, Any]:

@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-file", default=None,
                        help="a safetensors file to start the prefix cache from and save it to "
                             "on shutdown (default: none)")
+    serve.add_argument("--model-alias", action="append", default=[], metavar="NAME=SERVED",
+                       help="another name for the served model (SERVED: its --model-name); "
+                            "with any alias, other model names are answered 404 (default: "
+                            "every name is served)")
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"),
                        help="the server's log: info = one line per request (default: info)")
@@ -222,17 +226,22 @@ def validate_serve(args: argparse.Namespace) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from exactdraft.server import serve
+    from exactdraft.server.service import check_aliases
 
-    generator = _generator(args)
     name = args.model_name or ("SmolLM2-135M-Instruct" if args.model is None else
                                os.path.basename(os.path.normpath(args.model)))
+    aliases = {alias: served or name for alias, _, served in
+               (item.partition("=") for item in args.model_alias)}
+    check_aliases(name, aliases)  # before loading
+    generator = _generator(args)
 
     def ready(bound: tuple[str, int]) -> None:
         print(f"exactdraft: serving {name} on http://{bound[0]}:{bound[1]}", flush=True)
 
     serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
           max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-          prefix_cache_file=args.prefix_cache_file, log_level=args.log_level, ready=ready)
+          prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
+          model_aliases=aliases or None, ready=ready)
     return 0
 
 

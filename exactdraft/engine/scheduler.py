@@ -211,6 +211,7 @@ class Engine:
         if self.prefix_cache is not None:
             # At least one prompt token is left to run: its row gives the first token.
             blocks = self.prefix_cache.acquire(run.prompt_ids[:-1])
+            submission.cached_tokens[index] = sum(len(b.tokens) for b in blocks)
             if blocks:
                 stack = [b.keys for b in blocks], [b.values for b in blocks]
                 target.import_kv(state, *(_along_positions(arrays) for arrays in stack))

@@ -39,6 +39,9 @@ class Submission:
     def __init__(self, runs: list[Run]) -> None:
         self.runs = runs
         self.seeds = [run.params.seed for run in runs]
+        # Per sample, the prompt positions its start took from the prefix cache (set by the
+        # engine when the sample starts; read-only for callers).
+        self.cached_tokens = [0] * len(runs)
         self.cancelled = False
         self.error: BaseException | None = None
         self._events: deque[tuple[int, Chunk]] = deque()

@@ -30,7 +30,7 @@ from exactdraft.server.service import Service
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
-UNSUPPORTED = ("tools", "tool_choice", "thinking", "mcp_servers", "container")
+UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
 
 
 def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
@@ -40,12 +40,24 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         raise RequestError("max_tokens is required", "max_tokens")
     max_tokens = integer(body, "max_tokens", 1, service.target.max_context)
     system = body.get("system")
-    system_text = None if system is None else text_content(system, "system")
-    for index, message in enumerate(body.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") not in ("user", "assistant"):
-            raise RequestError(f"messages[{index}].role must be user or assistant",
-                               f"messages[{index}].role")
-    return Wanted(prompt=chat_messages(body.get("messages"), system=system_text),
+    # `system` as a string or text blocks; system entries inside `messages` (which some
+    # clients send) join it, in order, as the one system prompt a chat template takes.
+    systems = [] if system is None else [text_content(system, "system")]
+    conversation = body.get("messages")
+    if isinstance(conversation, list):
+        for index, message in enumerate(conversation):
+            if not isinstance(message, dict) or message.get("role") == "system":
+                continue
+            if message.get("role") not in ("user", "assistant"):
+                raise RequestError(f"messages[{index}].role must be user, assistant or system",
+                                   f"messages[{index}].role")
+        systems += [text_content(m.get("content"), f"messages[{i}].content")
+                    for i, m in enumerate(conversation)
+                    if isinstance(m, dict) and m.get("role") == "system"]
+        conversation = [m for m in conversation
+                        if not (isinstance(m, dict) and m.get("role") == "system")]
+    system_text = "\n\n".join(text for text in systems if text) or None
+    return Wanted(prompt=chat_messages(conversation, system=system_text),
                   max_tokens=max_tokens,
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
@@ -57,6 +69,7 @@ class Reply:
     def __init__(self, service: Service, wanted: Wanted, prompt_ids: list[int]) -> None:
         self.service, self.wanted, self.prompt_ids = service, wanted, prompt_ids
         self.id = "msg_" + uuid.uuid4().hex
+        self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
 
     def _stop(self, result: GenerationResult) -> tuple[str, str | None]:
         if result.finish_reason == "stop":
@@ -69,7 +82,14 @@ class Reply:
     def _message(self, content: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:
         return {"id": self.id, "type": "message", "role": "assistant", "content": content,
                 "model": self.service.model_name, "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": output_tokens}}
+                "usage": self.usage(output_tokens)}
+
+    def usage(self, output_tokens: int) -> dict[str, int]:
+        """Anthropic's split: input_tokens excludes the prompt tokens read from the cache
+        (cache_read_input_tokens); their sum is the whole prompt, what count_tokens counts."""
+        return {"input_tokens": len(self.prompt_ids) - self.cached_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": self.cached_tokens, "output_tokens": output_tokens}
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]

@@ -28,15 +28,33 @@ async def messages(call: Call) -> Any:
                                  media_type="text/event-stream")
     results = await whole(submission, call)
     call.count_submission(submission, len(ids))
+    reply.cached_tokens = submission.cached_tokens[0]
     return JSONResponse(reply.whole(results))
+
+
+async def count_tokens(call: Call) -> Any:
+    """/v1/messages/count_tokens: the prompt tokens the same /v1/messages request has (its
+    usage's input_tokens plus cache_read_input_tokens), whatever the context allows."""
+    from starlette.responses import JSONResponse
+
+    body = await call.body()
+    if body.get("max_tokens") is None:  # not part of this request: the check needs one
+        body = {**body, "max_tokens": 1}
+    service = call.service
+    wanted = anthropic_api.messages_request(body, service)
+    return JSONResponse({"input_tokens": len(service.encode(wanted.prompt, "messages"))})
 
 
 async def _stream(call: Call, reply: anthropic_api.Reply,
                   submission: Submission) -> AsyncIterator[str]:
     try:
-        for event, payload in reply.start_events():
-            yield sse(payload, event)
+        started = False
         async for _, chunk in submission:
+            if not started:  # once running, the prefix cache has told what it held
+                reply.cached_tokens = submission.cached_tokens[0]
+                for event, payload in reply.start_events():
+                    yield sse(payload, event)
+                started = True
             call.seen(chunk)
             if submission.done and not call.finished:  # counted before the last event
                 call.count_submission(submission, len(reply.prompt_ids))

@@ -13,7 +13,7 @@ committed (openai_api.py, anthropic_api.py).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from exactdraft.engine import Engine
@@ -26,12 +26,15 @@ from exactdraft.server.service import Service
 
 
 def create_app(engine: Engine, model_name: str,
-               on_shutdown: Callable[[], None] | None = None) -> Any:
-    """The Starlette application serving `engine` under `model_name`."""
+               on_shutdown: Callable[[], None] | None = None,
+               model_aliases: Mapping[str, str] | None = None) -> Any:
+    """The Starlette application serving `engine` under `model_name`. Requests may name any
+    model unless `model_aliases` ({alias: model_name}) is given; then only `model_name` and
+    the aliases are served (service.Service says more)."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    service = Service(engine, model_name)
+    service = Service(engine, model_name, model_aliases)
     shared = Shared(service, engine, model_name, on_shutdown)
     if metrics_available():
         shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage)

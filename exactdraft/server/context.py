@@ -96,5 +96,6 @@ class Call:
 
 
 def submission_cached(submission: Submission) -> int:
-    """Prompt tokens of the submission's first sample taken from the prefix cache."""
-    return 0
+    """Prompt tokens of the submission's first sample taken from the prefix cache (what the
+    response's usage reports)."""
+    return submission.cached_tokens[0]

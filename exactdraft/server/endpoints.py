@@ -36,6 +36,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/completions", "openai_routes:completions"),
     Endpoint("GET", "/v1/models", "openai_routes:models", quiet=True),
     Endpoint("POST", "/v1/messages", "anthropic_routes:messages", "anthropic"),
+    Endpoint("POST", "/v1/messages/count_tokens", "anthropic_routes:count_tokens", "anthropic"),
     Endpoint("GET", "/health", "operations:health", quiet=True),
     Endpoint("GET", "/metrics", "operations:metrics", quiet=True),
 )

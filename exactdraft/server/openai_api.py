@@ -34,8 +34,8 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "min_p": "min_p", "repetition_penalty": "repetition_penalty",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "logit_bias": "logit_bias", "seed": "seed"}
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "prediction",
-               "suffix", "echo")
+# `prediction` (predicted output) is accepted and ignored: it could change speed only.
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "suffix", "echo")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 
 
@@ -94,15 +94,17 @@ class Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created,
                 "model": self.service.model_name, "system_fingerprint": None}
 
-    def _usage(self, completion: int) -> dict[str, int]:
+    def _usage(self, completion: int) -> dict[str, Any]:
         prompt = len(self.prompt_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         choices = []
@@ -168,5 +170,6 @@ class Reply:
 
 
 def models(service: Service) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": service.model_name, "object": "model",
-                                        "created": 0, "owned_by": "exactdraft"}]}
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                        "owned_by": "exactdraft"}
+                                       for name in service.model_names]}

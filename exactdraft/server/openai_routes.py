@@ -44,6 +44,7 @@ async def _generate(call: Call, chat: bool) -> Any:
                                  media_type="text/event-stream")
     results = await whole(submission, call)
     call.count_submission(submission, len(ids))
+    reply.cached_tokens = submission.cached_tokens[0]
     return JSONResponse(reply.whole(results))
 
 
@@ -65,6 +66,7 @@ async def _stream(call: Call, reply: openai_api.Reply,
                     len(reply.service.piece(t)) for t in chunk.tokens)
             completion += len(chunk.tokens)
         if reply.wanted.include_usage:
+            reply.cached_tokens = submission.cached_tokens[0]
             yield sse(reply.usage_chunk(completion))
         yield "data: [DONE]\n\n"
     except Exception as error:  # an engine failure after the headers went out

@@ -8,7 +8,7 @@ whole when the server shuts down, so a restarted server starts warm with the sam
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from exactdraft.engine import Engine, PrefixCache, load_prefix_cache, save_prefix_cache
@@ -18,15 +18,18 @@ from exactdraft.generator import Generator
 def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, max_sequences: int = 8, max_waiting: int = 64,
           prefix_cache_bytes: int = 256 * 2**20, prefix_cache_file: str | None = None,
-          log_level: str = "warning") -> Any:
+          log_level: str = "warning", model_aliases: Mapping[str, str] | None = None) -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
-    shutdown. `log_level` is uvicorn's; each request's line goes to the logger
-    `exactdraft.server` instead of uvicorn's access log."""
+    shutdown. `model_aliases`: see exactdraft.server.service.Service. `log_level` is
+    uvicorn's; each request's line goes to the logger `exactdraft.server` instead of
+    uvicorn's access log."""
     import uvicorn
 
     from exactdraft.server.app import create_app
+    from exactdraft.server.service import check_aliases
 
+    check_aliases(model_name, model_aliases)  # before anything starts
     cache = PrefixCache(budget_bytes=prefix_cache_bytes) if prefix_cache_bytes > 0 else None
     if cache is not None and prefix_cache_file is not None:
         load_prefix_cache(cache, prefix_cache_file, generator.target)
@@ -38,7 +41,7 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
         if engine.prefix_cache is not None and prefix_cache_file is not None:
             save_prefix_cache(engine.prefix_cache, prefix_cache_file, generator.target)
 
-    app = create_app(engine, model_name, on_shutdown=shut_down)
+    app = create_app(engine, model_name, on_shutdown=shut_down, model_aliases=model_aliases)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            access_log=False))
     server.engine = engine

@@ -15,7 +15,7 @@ cut into chunks (tests/server/test_scale_out.py).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.decoding import GenerationResult
@@ -32,10 +32,32 @@ def token_digest(tokens: Sequence[int]) -> str:
     return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()
 
 
+def check_aliases(model_name: str, aliases: Mapping[str, str] | None) -> dict[str, str]:
+    """The alias map {name a client sends: the served model's name}, each value checked to be
+    `model_name` (the one model served) and each name a non-empty string."""
+    checked: dict[str, str] = {}
+    for alias, served in (aliases or {}).items():
+        if not isinstance(alias, str) or not alias:
+            raise ParameterError(f"a model alias must be a non-empty string, got {alias!r}")
+        if served != model_name:
+            raise ParameterError(f"model alias {alias!r} names {served!r}, but this server "
+                                 f"serves {model_name!r}")
+        checked[alias] = served
+    return checked
+
+
 class Service:
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    """`model_aliases`: None (the default) accepts every model name (agents send their own
+    model ids) and serves it with the one model; a map {alias: served name} accepts only the
+    served name and the aliases and answers any other name 404. Responses always name the
+    served model, the one whose weights the receipt names."""
+
+    def __init__(self, engine: Engine, model_name: str,
+                 model_aliases: Mapping[str, str] | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.aliases = None if model_aliases is None else \
+            check_aliases(model_name, model_aliases)
         self.generator = engine.generator
         self.target = engine.target
         self.tokenizer = engine.generator.tokenizer
@@ -46,18 +68,31 @@ class Service:
 
     def check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")
-        if name is not None and name != self.model_name:
-            raise RequestError(f"model {str(name)[:80]!r} is not served here; this server "
-                               f"serves {self.model_name!r}", "model", 404, "not_found_error")
+        if name is not None and not isinstance(name, str):
+            raise RequestError("model must be a string", "model")
+        if name is None or self.aliases is None or name == self.model_name or \
+                name in self.aliases:
+            return
+        raise RequestError(f"model {name[:80]!r} is not served here; this server serves "
+                           f"{self.model_name!r}", "model", 404, "not_found_error")
+
+    @property
+    def model_names(self) -> list[str]:
+        """The names /v1/models lists: the served model's, then its aliases."""
+        return [self.model_name, *sorted(set(self.aliases or ()) - {self.model_name})]
+
+    def encode(self, prompt: Any, prompt_field: str) -> list[int]:
+        """A prompt's token ids (text, chat messages or ids), whatever its length."""
+        if self.tokenizer is None and not isinstance(prompt, list):
+            raise RequestError("this model has no tokenizer: send token ids", prompt_field)
+        try:
+            return encode_prompt(prompt, self.tokenizer, self.target.vocab_size)
+        except (TokenizerError, ParameterError) as error:
+            raise RequestError(f"{prompt_field}: {error}", prompt_field) from None
 
     def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
         """The request queued in the engine, and its prompt's token ids."""
-        if self.tokenizer is None and not isinstance(wanted.prompt, list):
-            raise RequestError("this model has no tokenizer: send token ids", prompt_field)
-        try:
-            ids = encode_prompt(wanted.prompt, self.tokenizer, self.target.vocab_size)
-        except (TokenizerError, ParameterError) as error:
-            raise RequestError(f"{prompt_field}: {error}", prompt_field) from None
+        ids = self.encode(wanted.prompt, prompt_field)
         context = self.target.max_context
         room = context - len(ids)
         if room <= 0:

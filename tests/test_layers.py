@@ -22,7 +22,7 @@ RANKS = {
     "loading": 5,
     "sampling": 6, "sampling_native": 6, "prompts": 6, "stops": 6, "pretrained": 6,
     "guard": 7, "depth": 7, "verify": 7, "tree_verify": 7, "drafters": 7, "drafting": 7,
-    "generator": 8, "decoding": 8,
+    "generator": 8, "decoding": 8, "scoring": 8,
     "engine": 8.5,
     "server": 8.75,
     "check": 9, "training": 9,

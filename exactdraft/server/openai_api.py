@@ -35,7 +35,7 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "logit_bias": "logit_bias", "seed": "seed"}
 # `prediction` (predicted output) is accepted and ignored: it could change speed only.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "suffix", "echo")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "suffix")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 
 
@@ -69,22 +69,6 @@ def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
     return wanted
 
 
-def completion_request(body: Mapping[str, Any], service: Service) -> Wanted:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not (isinstance(prompt, str) and prompt) and not (
-            isinstance(prompt, list) and prompt and
-            all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        raise RequestError("prompt must be a non-empty string or a list of token ids "
-                           "(one prompt per request)", "prompt")
-    wanted = common(body, service, prompt)
-    if wanted.max_tokens is None:
-        wanted.max_tokens = min(16, service.target.max_context - 1)  # OpenAI's default
-    wanted.logprobs = integer(body, "logprobs", 0, 20)
-    return wanted
-
-
 class Reply:
     """One response in the making: chat or completion, whole or streamed."""
 
@@ -95,6 +79,10 @@ class Reply:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
+
+    def head(self) -> dict[str, Any]:
+        """The fields every response of this reply starts with."""
+        return self._head(self.object)
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created,

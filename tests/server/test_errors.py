@@ -121,7 +121,11 @@ CASES = (
        (COMPLETIONS, changed(COMPLETIONS, prompt=[]), "prompt"),
        (COMPLETIONS, changed(COMPLETIONS, prompt=[1, 5000]), "prompt"),
        (COMPLETIONS, changed(COMPLETIONS, prompt=LONG), "prompt"),
-       (COMPLETIONS, changed(COMPLETIONS, prompt=["a", "b"]), "prompt")]
+       (COMPLETIONS, changed(COMPLETIONS, prompt=["a", 5]), "prompt[1]"),
+       (COMPLETIONS, changed(COMPLETIONS, prompt=[[1, 2], []]), "prompt[1]"),
+       (COMPLETIONS, changed(COMPLETIONS, prompt=["a", [1, 5000]]), "prompt"),
+       (COMPLETIONS, changed(COMPLETIONS, prompt=["a"] * 129), "prompt"),
+       (COMPLETIONS, changed(COMPLETIONS, echo="yes"), "echo")]
 )
 
 

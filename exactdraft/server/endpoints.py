@@ -34,6 +34,7 @@ class Endpoint:
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/chat/completions", "openai_routes:chat_completions"),
     Endpoint("POST", "/v1/completions", "openai_routes:completions"),
+    Endpoint("POST", "/v1/responses", "responses_api:responses"),
     Endpoint("GET", "/v1/models", "openai_routes:models", quiet=True),
     Endpoint("POST", "/v1/messages", "anthropic_routes:messages", "anthropic"),
     Endpoint("POST", "/v1/messages/count_tokens", "anthropic_routes:count_tokens", "anthropic"),

@@ -61,17 +61,22 @@ def test_one_line_per_request(live, caplog) -> None:
     assert [g[:3] for g in lines(caplog, logging.DEBUG)] == [("GET", "/health", "200")]
 
 
-def test_serve_log_level_flag(tiny_checkpoints, tmp_path) -> None:
+def test_serve_log_level_and_model_alias_flags(tiny_checkpoints, tmp_path) -> None:
     """`exactdraft serve --log-level info` writes each request's line on stderr, and not the
-    probes' (DEBUG)."""
+    probes' (DEBUG); `--model-alias` names are listed and served, other names refused."""
     path = tmp_path / "stderr.log"
     with open(path, "w") as stderr:
         with server_process(tiny_checkpoints["llama"], "--backend", "torch", "--log-level",
-                            "info", stderr=stderr) as base:
-            for _ in range(2):
-                assert post(base, "/v1/completions", {"prompt": "abc", "max_tokens": 2})[0] \
-                    == 200
+                            "info", "--model-name", "tiny", "--model-alias", "gpt-4o",
+                            "--model-alias", "claude=tiny", stderr=stderr) as base:
+            for model in ("gpt-4o", "claude"):
+                assert post(base, "/v1/completions", {"model": model, "prompt": "abc",
+                                                      "max_tokens": 2})[0] == 200
+            assert post(base, "/v1/completions", {"model": "gpt-5", "prompt": "abc"})[0] == 404
+            assert [m["id"] for m in get(base, "/v1/models")["data"]] == \
+                ["tiny", "claude", "gpt-4o"]
             get(base, "/health")
     text = path.read_text()
     assert text.count("exactdraft.server: POST /v1/completions 200 prompt=") == 2, text[-2000:]
-    assert "/health" not in text
+    assert text.count("exactdraft.server: POST /v1/completions 404 prompt=0") == 1
+    assert "/health" not in text and "/v1/models" not in text

@@ -46,9 +46,10 @@ async def responses(call: Call) -> Any:
     from starlette.responses import JSONResponse, StreamingResponse
 
     service = call.service
-    wanted = responses_request(await call.body(), service)
+    body = await call.body()
+    wanted = responses_request(body, service)
     submission, ids = service.submit(wanted, "input")
-    reply = Reply(service, wanted, ids)
+    reply = Reply(service, wanted, ids, body.get("instructions"))
     if wanted.stream:
         return StreamingResponse(_stream(call, reply, submission),
                                  media_type="text/event-stream")
@@ -124,8 +125,10 @@ def _content(content: Any, where: str) -> str:
 
 
 class Reply:
-    def __init__(self, service: Service, wanted: Wanted, prompt_ids: list[int]) -> None:
+    def __init__(self, service: Service, wanted: Wanted, prompt_ids: list[int],
+                 instructions: str | None = None) -> None:
         self.service, self.wanted, self.prompt_ids = service, wanted, prompt_ids
+        self.instructions = instructions
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
         self.created = int(time.time())
@@ -138,7 +141,7 @@ class Reply:
         body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created,
             "status": "in_progress", "error": None, "incomplete_details": None,
-            "instructions": None, "max_output_tokens": self.wanted.max_tokens,
+            "instructions": self.instructions, "max_output_tokens": self.wanted.max_tokens,
             "model": self.service.model_name, "output": [], "parallel_tool_calls": False,
             "previous_response_id": None, "store": False,
             "temperature": sampling.get("temperature"), "top_p": sampling.get("top_p"),

@@ -31,7 +31,7 @@ def test_text_input_with_instructions(client, served_generator) -> None:
     alone = serial(served_generator, [{"role": "system", "content": "be brief"},
                                       {"role": "user", "content": "abc abc abc"}],
                    max_new_tokens=16, temperature=0.8, seed=5, top_k=40)
-    assert reply.output_text == alone.text
+    assert reply.output_text == alone.text and reply.instructions == "be brief"
     assert reply.model_extra["receipt"]["token_ids_sha256"] == token_digest(alone.tokens)
     assert reply.usage.output_tokens == len(alone.tokens)
     assert reply.usage.input_tokens == len(alone.prompt_tokens)

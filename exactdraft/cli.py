@@ -117,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated temperatures (default: 0,0.7,1.0)")
     _sampling_arguments(check, check=True)
     serve = commands.add_parser("serve", help="serve the model over HTTP: OpenAI "
-                                "/v1/chat/completions, /v1/completions, /v1/models and "
-                                "Anthropic /v1/messages (needs exactdraft[server])")
+                                "/v1/chat/completions, /v1/completions, /v1/responses, "
+                                "/v1/models, Anthropic /v1/messages (and count_tokens), "
+                                "/health and /metrics (needs exactdraft[server])")
     _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on "
                        "(default: 127.0.0.1)")

@@ -107,3 +107,20 @@ def test_two_applications_in_one_process_count_apart(served_generator, live) -> 
         assert post(other, "/v1/completions", {"model": MODEL, "prompt": "abc",
                                                "max_tokens": 3})[0] == 200
         assert scrape(other)["vllm:generation_tokens_total"] == 3
+
+
+def test_without_prometheus_client_metrics_says_what_to_install(served_generator,
+                                                                monkeypatch) -> None:
+    """Without prometheus_client the server still serves, and /metrics answers 501 naming the
+    package."""
+    import urllib.error
+
+    import exactdraft.server.app as app_module
+
+    monkeypatch.setattr(app_module, "metrics_available", lambda: False)
+    with server_in_thread(served_generator, MODEL) as (base, _):
+        assert post(base, "/v1/completions", {"prompt": "abc", "max_tokens": 2})[0] == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + "/metrics", timeout=60)
+        assert refused.value.code == 501
+        assert "prometheus_client" in json.loads(refused.value.read())["error"]["message"]

@@ -2,7 +2,8 @@
 
     pytest examples/test_reproducibility.py
 
-In a real project, commit the recording file and drop the recording fixture: the test then fails
+(pytest comes with the `test` extra, `pip install -e ".[torch,gguf,test]"`, and with the venv
+that scripts/demo.sh makes; otherwise `pip install pytest`.) In a real project, commit the recording file and drop the recording fixture: the test then fails
 the day a dependency, kernel or setting changes a single sampled token.
 """
 

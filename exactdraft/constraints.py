@@ -225,7 +225,9 @@ class ConstraintMatcher:
             raise ConstraintError(f"llguidance refused tokens it had validated: "
                                   f"{self._ll.get_error()}")
         accepting = self._ll.is_accepting()
-        self._rollback_ll(count)
+        if not self._ll.rollback(count):
+            raise ConstraintError(f"llguidance could not roll back {count} tokens: "
+                                  f"{self._ll.get_error()}")
         return count + 1 if accepting else count
 
     def forced(self, limit: int = MAX_FORCED) -> list[int]:

@@ -343,7 +343,7 @@ class ConstraintMatcher:
 def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """A float32 copy of `logits_row` with -inf at every id `allowed` forbids: SAMPLER.md's
     constraint processor. Refuses a mask that allows nothing (the generation must end first)."""
-    row = np.array(logits_row, dtype=np.float32)
+    row = np.asarray(logits_row, dtype=np.float32)  # np.where below makes the copy
     allowed = np.asarray(allowed)
     if row.ndim != 1 or allowed.shape != row.shape or allowed.dtype != np.bool_:
         raise ConstraintError(f"apply_mask needs a 1-D row and a bool mask of its shape, got "
@@ -351,8 +351,7 @@ def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     if not allowed.any():
         raise ConstraintError("the constraint allows no token here (an unsatisfiable state); "
                               "end the generation instead of drawing")
-    row[~allowed] = -np.inf
-    return row
+    return np.where(allowed, row, np.float32(-np.inf))
 
 
 def parse_json(text: str) -> Any:

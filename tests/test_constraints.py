@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ llguidance = pytest.importorskip("llguidance")
 from exactdraft.constraint_tokens import token_bytes  # noqa: E402
 from exactdraft.constraints import Constraint, apply_mask, parse_json  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 DRAW_PATHS = [pytest.param(False, id="numpy"),
               pytest.param(True, id="native", marks=pytest.mark.skipif(
                   not sampling_native.available(),
@@ -554,6 +556,24 @@ def test_a_state_with_no_way_on_is_dead(smollm2_tokenizer):
     assert matcher.dead and not matcher.complete and matcher.forced() == []
     with pytest.raises(ConstraintError, match="allows no token"):
         apply_mask(np.zeros(tokenizer.vocab_size, dtype=np.float32), matcher.allowed())
+
+
+@needs_smollm2
+def test_constraint_cost_benchmark_replays_a_walk(smollm2_tokenizer):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.constraint_cost import SCHEMA, replay_cost
+
+    constraint = Constraint.json_schema(SCHEMA)
+    value = {"name": "Ann", "age": 41, "email": "a@b.c", "role": "other", "team": "x",
+             "remote": False, "level": "mid", "address": {"city": "Oslo", "country": "NO"},
+             "skills": ["C", "Go"]}
+    text = json.dumps(value, separators=(", ", ": "))
+    tokens = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    tokens.append(smollm2_tokenizer.stop_token_ids[0])
+    matcher = new_matcher(constraint, smollm2_tokenizer)
+    assert matcher.valid_prefix(tokens) == len(tokens)  # the compact layout, canonical tokens
+    costs = replay_cost(smollm2_tokenizer, smollm2_tokenizer.vocab_size, constraint, tokens)
+    assert set(costs) == {"allowed", "consume", "forced"} and all(v > 0 for v in costs.values())
 
 
 # -- the tokenizer bridge --------------------------------------------------------------------

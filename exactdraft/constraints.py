@@ -199,6 +199,12 @@ class ConstraintMatcher:
         """Nothing is allowed any more although no stop token ended the text (unsatisfiable)."""
         return not self._stopped and not self.allowed().any()
 
+    def only_allowed(self) -> int | None:
+        """The token, where exactly one is allowed: it is the draw at any temperature (a stop
+        token included), so it can be drafted and is always kept."""
+        ids = np.flatnonzero(self.allowed())
+        return int(ids[0]) if ids.size == 1 else None
+
     @property
     def tokens(self) -> tuple[int, ...]:
         """The tokens consumed so far."""

@@ -278,14 +278,37 @@ def test_constraints_are_values():
     assert len({Constraint.choices(["a", "b"]), Constraint.choices(["a", "b"])}) == 1
 
 
-def test_pydantic_models_give_their_schema():
+@needs_smollm2
+def test_pydantic_models_give_their_schema(smollm2_tokenizer):
     pydantic = pytest.importorskip("pydantic")
+    jsonschema = pytest.importorskip("jsonschema")
+    import enum
+
+    class Colour(enum.Enum):
+        red = "red"
+        green = "green"
+
+    forbid_extra = pydantic.ConfigDict(extra="forbid")  # additionalProperties: false, so walks end
 
     class Point(pydantic.BaseModel):
-        x: int
-        y: int
+        model_config = forbid_extra
+        x: int = pydantic.Field(ge=-50, le=50)
+        label: str | None = pydantic.Field(max_length=6)
 
-    assert Constraint.json_schema(Point) == Constraint.json_schema(Point.model_json_schema())
+    class Shape(pydantic.BaseModel):
+        model_config = forbid_extra
+        colour: Colour
+        corners: list[Point] = pydantic.Field(max_length=3)
+        closed: bool
+
+    constraint = Constraint.json_schema(Shape)
+    assert constraint == Constraint.json_schema(Shape.model_json_schema())
+    for seed in range(3):
+        tokens, _ = drive(new_matcher(constraint, smollm2_tokenizer),
+                          np.random.default_rng(seed))
+        text = text_of(smollm2_tokenizer, tokens)
+        jsonschema.validate(parse_json(text), Shape.model_json_schema())
+        assert Shape.model_validate_json(text)
 
 
 def test_import_exactdraft_does_not_import_llguidance():
@@ -347,10 +370,13 @@ CHOICES = ["yes", "no", "maybe not", "yesterday", "\u00e9t\u00e9"]
 
 def drive(matcher, rng, max_steps=400, stop_probability=0.3):
     """Random allowed tokens until a stop token ends the text (taken with stop_probability
-    whenever the text is complete). Returns the tokens and the mask before each."""
+    whenever the text is complete). Returns the tokens and the mask before each. Special
+    tokens other than the stops (bos, <|im_start|>) are never allowed on the way."""
     masks = []
+    special = np.setdiff1d(matcher._bridge.special_token_ids, matcher.stop_token_ids)
     for _ in range(max_steps):
         allowed = matcher.allowed()
+        assert not allowed[special].any()
         masks.append(allowed.copy())
         ids = np.flatnonzero(allowed)
         stops = [t for t in ids if t in matcher.stop_token_ids]
@@ -419,6 +445,20 @@ def test_forced_tokens_spell_the_fixed_text(smollm2_tokenizer):
     for token in choice.forced():
         choice.consume(token)
     assert choice.complete and choice.forced() == []
+
+
+@needs_smollm2
+def test_only_allowed_token(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
+    matcher = new_matcher(Constraint.regex(r"\{"), tokenizer)
+    brace = tokenizer.encode("{", add_special_tokens=False)
+    assert len(brace) == 1 and matcher.only_allowed() == brace[0]
+    matcher.consume(brace[0])
+    assert matcher.only_allowed() is None  # either stop token may end it
+    assert matcher.allowed().sum() == len(tokenizer.stop_token_ids)
+    one_stop = Constraint.regex(r"\{").matcher(tokenizer, tokenizer.vocab_size, [2])
+    one_stop.consume(brace[0])
+    assert one_stop.only_allowed() == 2
 
 
 @needs_smollm2

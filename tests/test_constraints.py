@@ -681,6 +681,39 @@ def test_negative_control_a_wrong_byte_table_is_caught(monkeypatch):
         check_token_bytes(tokenizer, 0)
 
 
+def toy_sentencepiece_tokenizer():
+    """A SentencePiece vocabulary that puts a space in front of every text (Llama 2 style):
+    <unk> <bos> <eos>, the 256 byte tokens, then a few pieces."""
+    from exactdraft.loading.sentencepiece import sentencepiece_backend
+    from exactdraft.loading.tokenizer import Tokenizer
+
+    pieces = ["\u2581", "a", "b", "ab", "\u2581a", "\u2581ab", "{", "}", "\u2581{"]
+    tokens = ["<unk>", "<bos>", "<eos>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
+    scores = [0.0] * 259 + [-float(i + 1) for i in range(len(pieces))]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    backend = sentencepiece_backend(tokens, scores, types, add_space_prefix=True,
+                                    unknown_token_id=0)
+    return Tokenizer(backend, bos_token_id=1, eos_token_id=2), tokens
+
+
+def test_sentencepiece_with_a_space_prefix():
+    """Pieces give their bytes ("\u2581" is a space, <0xXX> a byte), and the bytes a grammar
+    forces are tokenized without the space the encoder would put in front."""
+    from exactdraft.constraint_tokens import bridge_for
+
+    tokenizer, pieces = toy_sentencepiece_tokenizer()
+    table, special = token_bytes(tokenizer)
+    assert special == [0, 1, 2]
+    assert table[pieces.index("\u2581ab")] == b" ab" and table[3 + 0x41] == b"A"
+    assert tokenizer.encode("ab", add_special_tokens=False) == [pieces.index("\u2581ab")]
+    ids = bridge_for(tokenizer).ll_tokenizer.tokenize_str("ab{")
+    assert b"".join(table[i] for i in ids) == b"ab{"
+    matcher = Constraint.regex(r"ab\{ab\}").matcher(tokenizer, len(pieces), [2])
+    forced = matcher.forced()
+    assert b"".join(table[i] for i in forced) == b"ab{ab}"
+    assert matcher.valid_prefix(forced + [2]) == len(forced) + 1
+
+
 @pytest.fixture(scope="module")
 def gemma_tokenizer():
     import importlib.util

@@ -271,6 +271,7 @@ def test_bad_constraints_are_named(build, match):
 
 
 def test_constraints_are_values():
+    assert "grammar" not in repr(Constraint.regex("[0-9]+"))
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert Constraint.json_schema(schema) == Constraint.json_schema(json.dumps(schema))
     assert hash(Constraint.regex("[0-9]+")) == hash(Constraint.regex("[0-9]+"))
@@ -459,6 +460,9 @@ def test_only_allowed_token(smollm2_tokenizer):
     one_stop = Constraint.regex(r"\{").matcher(tokenizer, tokenizer.vocab_size, [2])
     one_stop.consume(brace[0])
     assert one_stop.only_allowed() == 2
+    no_stop = Constraint.regex(r"\{").matcher(tokenizer, tokenizer.vocab_size, [])
+    no_stop.consume(brace[0])  # complete with no way on: the end, not a dead end
+    assert not no_stop.allowed().any() and no_stop.complete and not no_stop.dead
 
 
 @needs_smollm2

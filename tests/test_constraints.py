@@ -366,7 +366,8 @@ NUMBER: /[0-9]{1,4}/
 """
 LARK_PYTHON_RE = r"[a-z]{1,5}=([0-9]{1,4}|\[[0-9]{1,4}(,[0-9]{1,4})*\])" \
     r"(;[a-z]{1,5}=([0-9]{1,4}|\[[0-9]{1,4}(,[0-9]{1,4})*\]))*"
-CHOICES = ["yes", "no", "maybe not", "yesterday", "\u00e9t\u00e9"]
+CHOICES = ["yes", "no", "maybe not", "yesterday", "\u00e9t\u00e9", 'a"b', "c\\d", "e\nf",
+           "\U0001F600", "/x/"]  # JSON escapes, a Lark-looking regex, a 4-byte character
 
 
 def drive(matcher, rng, max_steps=400, stop_probability=0.3):
@@ -421,6 +422,19 @@ def test_regex_grammar_and_choices_walks_match(smollm2_tokenizer, seed):
         tokens, _ = drive(new_matcher(constraint, smollm2_tokenizer), rng)
         text = text_of(smollm2_tokenizer, tokens)
         assert check(text), (constraint.kind, text)
+
+
+@needs_smollm2
+def test_every_choice_is_reachable(smollm2_tokenizer):
+    constraint = Constraint.choices(CHOICES)
+    seen = set()
+    for seed in range(200):
+        tokens, _ = drive(new_matcher(constraint, smollm2_tokenizer),
+                          np.random.default_rng(seed), stop_probability=0.5)
+        seen.add(text_of(smollm2_tokenizer, tokens))
+        if seen == set(CHOICES):
+            break
+    assert seen == set(CHOICES)
 
 
 def test_negative_control_the_checks_reject_other_text():

@@ -1,11 +1,12 @@
-"""The bridge from an exactdraft tokenizer to llguidance's: each token id's exact byte string.
+"""exactdraft's side of llguidance: tokenizers as byte tables, and compiled grammars, cached.
 
 Invariant: `token_bytes(tokenizer)[i]` is the byte string token i adds to the decoded text, so
 the bytes a grammar sees for a token sequence are the bytes exactdraft's own decode gives for it
 (byte-level BPE vocabularies such as SmolLM2's through the GPT-2 byte alphabet, SentencePiece
 vocabularies such as Gemma 3's through "\u2581" -> space and <0xXX> byte tokens). Special tokens
 (control tokens: bos, eos, end of turn) are marked special, so a grammar never produces them as
-text. One llguidance tokenizer is built per tokenizer object and reused.
+text. One llguidance tokenizer is built per tokenizer object, and each constraint is compiled
+once per tokenizer object; generations copy the compiled matcher in its initial state.
 
 The llguidance tokenizer also needs a text -> ids function (it tokenizes the bytes a grammar
 forces, to propose them as tokens); it uses the checkpoint's own encoder, and a greedy
@@ -18,8 +19,11 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from exactdraft.errors import ConstraintError, TokenizerError
 
@@ -155,8 +159,7 @@ class TokenizerBridge:
     the special ids and the eos id llguidance was given."""
 
     def __init__(self, tokenizer: Any) -> None:
-        import llguidance
-
+        llguidance = llguidance_module()
         backend = _backend(tokenizer)
         self.tokens, self.special_token_ids = token_bytes(tokenizer)
         self.size = len(self.tokens)
@@ -194,3 +197,75 @@ def bridge_for(tokenizer: Any) -> TokenizerBridge:
 def decode_bytes(tokens: Sequence[bytes], ids: Sequence[int]) -> bytes:
     """The bytes of `ids` under a byte table."""
     return b"".join(tokens[i] for i in ids)
+
+
+# -- compiled grammars -------------------------------------------------------------------------
+
+def llguidance_module() -> Any:
+    """The llguidance package, or a ConstraintError saying how to install it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ConstraintError("constraints need llguidance: pip install "
+                              "'exactdraft[constraints]'") from None
+    return llguidance
+
+
+_byte_tokenizer: Any = None
+
+
+def byte_tokenizer() -> Any:
+    """llguidance's 256-byte vocabulary (plus eos), for checks that need no real tokenizer."""
+    global _byte_tokenizer
+    if _byte_tokenizer is None:
+        _byte_tokenizer = llguidance_module().LLTokenizer("byte")
+    return _byte_tokenizer
+
+
+# Compiled matchers kept per tokenizer (in their initial state, copied for each generation).
+COMPILED_PER_TOKENIZER = 64
+_compiled_cache: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
+_compiled_lock = threading.Lock()
+
+
+def compiled_matcher(constraint: Any, tokenizer: Any, bridge: Any) -> Any:
+    """The llguidance matcher of `constraint` (a Constraint) over this tokenizer, in its
+    initial state: compiled once per (tokenizer object, constraint), copied per generation."""
+    with _compiled_lock:
+        per_tokenizer = _compiled_cache.setdefault(tokenizer, OrderedDict())
+        matcher = per_tokenizer.get(constraint)
+        if matcher is not None:
+            per_tokenizer.move_to_end(constraint)
+            return matcher
+    matcher = llguidance_module().LLMatcher(bridge.ll_tokenizer, constraint.llguidance_grammar,
+                                      log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"invalid {constraint.kind} {short(constraint.source)}: "
+                              f"{matcher.get_error().strip()}")
+    refuse_empty(matcher, constraint.kind, constraint.source, bridge.size,
+                  bridge.eos_token_id, "with this tokenizer's tokens")
+    with _compiled_lock:
+        per_tokenizer[constraint] = matcher
+        while len(per_tokenizer) > COMPILED_PER_TOKENIZER:
+            per_tokenizer.popitem(last=False)
+    return matcher
+
+
+def refuse_empty(matcher: Any, kind: str, source: str, size: int, eos: int,
+                  where: str = "") -> None:
+    """ConstraintError if the matcher's initial state allows no text at all."""
+    if matcher.is_error():
+        raise ConstraintError(f"invalid {kind} {short(source)}: {matcher.get_error().strip()}")
+    if matcher.is_accepting():
+        return
+    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                         bitorder="little")[:size].astype(bool)
+    bits[eos] = False
+    if not bits.any() or matcher.is_error():
+        suffix = f" {where}" if where else ""
+        raise ConstraintError(f"{kind} {short(source)} matches nothing{suffix}")
+
+
+def short(text: str, limit: int = 120) -> str:
+    """A constraint's text for an error message: repr, cut at `limit` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")

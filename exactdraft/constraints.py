@@ -17,23 +17,25 @@ allows the other spellings, so they are drafts to verify, never tokens to commit
 from __future__ import annotations
 
 import json
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from exactdraft.constraint_tokens import bridge_for
+from exactdraft.constraint_tokens import (
+    bridge_for,
+    byte_tokenizer,
+    compiled_matcher,
+    llguidance_module,
+    refuse_empty,
+    short,
+)
 from exactdraft.errors import ConstraintError
 
 # JSON is written compactly with one space after ':' and ',' unless the schema's "x-guidance"
 # says otherwise: no free whitespace means more forced bytes and no runs of blank lines.
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# Compiled matchers kept per tokenizer (in their initial state, copied for each generation).
-COMPILED_PER_TOKENIZER = 64
 # At most this many forced tokens are proposed at once.
 MAX_FORCED = 64
 
@@ -45,7 +47,7 @@ class Constraint:
 
     kind: str      # "json_schema", "regex", "grammar" or "choices"
     source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
-    grammar: str   # the llguidance grammar built from it
+    llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
 
     @classmethod
     def json_schema(cls, schema: dict | str | type, *, compact: bool = True) -> Constraint:
@@ -68,7 +70,7 @@ class Constraint:
             source = json.dumps(schema, ensure_ascii=False)  # key order kept: it is the output's
         except (TypeError, ValueError) as error:
             raise ConstraintError(f"json_schema cannot be written as JSON: {error}") from None
-        matcher_class = _llguidance().LLMatcher
+        matcher_class = llguidance_module().LLMatcher
         try:
             grammar = matcher_class.grammar_from_json_schema(
                 source, defaults=COMPACT_JSON if compact else None)
@@ -82,7 +84,7 @@ class Constraint:
         if not isinstance(pattern, str):
             raise ConstraintError(f"regex must be a string, got {type(pattern).__name__}")
         return cls._checked("regex", pattern,
-                            _llguidance().LLMatcher.grammar_from_regex(pattern))
+                            llguidance_module().LLMatcher.grammar_from_regex(pattern))
 
     @classmethod
     def grammar(cls, lark: str) -> Constraint:
@@ -91,7 +93,7 @@ class Constraint:
         if not isinstance(lark, str) or not lark.strip():
             raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
                                   f"{lark!r}")
-        return cls._checked("grammar", lark, _llguidance().LLMatcher.grammar_from_lark(lark))
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
 
     @classmethod
     def gbnf(cls, text: str) -> Constraint:
@@ -104,7 +106,7 @@ class Constraint:
             lark = any_to_lark(text)
         except Exception as error:  # the converter raises plain exceptions of several kinds
             raise ConstraintError(f"invalid GBNF grammar: {error}") from None
-        return cls._checked("grammar", lark, _llguidance().LLMatcher.grammar_from_lark(lark))
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
 
     @classmethod
     def choices(cls, options: Sequence[str]) -> Constraint:
@@ -119,18 +121,18 @@ class Constraint:
         # JSON string literals are Lark string literals (escapes included).
         lark = "start: " + " | ".join(json.dumps(option) for option in options)
         return cls._checked("choices", json.dumps(list(options), ensure_ascii=False),
-                            _llguidance().LLMatcher.grammar_from_lark(lark))
+                            llguidance_module().LLMatcher.grammar_from_lark(lark))
 
     @classmethod
     def _checked(cls, kind: str, source: str, grammar: str) -> Constraint:
         """Validate the grammar, and refuse one that matches nothing, on a byte vocabulary:
         what is wrong is said before any model or tokenizer is involved."""
-        llg = _llguidance()
-        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, _bytes())
+        llg = llguidance_module()
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, byte_tokenizer())
         if failed:
-            raise ConstraintError(f"invalid {kind} {_short(source)}: {messages[0].strip()}")
-        probe = llg.LLMatcher(_bytes(), grammar, log_level=0)
-        _refuse_empty(probe, kind, source, _bytes().vocab_size, _bytes().eos_token)
+            raise ConstraintError(f"invalid {kind} {short(source)}: {messages[0].strip()}")
+        probe = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0)
+        refuse_empty(probe, kind, source, byte_tokenizer().vocab_size, byte_tokenizer().eos_token)
         return cls(kind, source, grammar)
 
     def matcher(self, tokenizer: Any, vocab_size: int,
@@ -146,8 +148,8 @@ class Constraint:
                 raise ConstraintError(f"stop token id {token} is outside the vocabulary "
                                       f"[0, {vocab_size})")
         bridge = bridge_for(tokenizer)
-        return ConstraintMatcher(self, bridge, _compiled(self, tokenizer, bridge).deep_copy(),
-                                 int(vocab_size), stops)
+        initial = compiled_matcher(self, tokenizer, bridge)
+        return ConstraintMatcher(self, bridge, initial.deep_copy(), int(vocab_size), stops)
 
 
 class ConstraintMatcher:
@@ -196,8 +198,14 @@ class ConstraintMatcher:
 
     @property
     def dead(self) -> bool:
-        """Nothing is allowed any more although no stop token ended the text (unsatisfiable)."""
-        return not self._stopped and not self.allowed().any()
+        """Nothing is allowed and the text is not a complete match: no way to finish it."""
+        return not self.complete and not self.allowed().any()
+
+    def only_allowed(self) -> int | None:
+        """The token, where exactly one is allowed: it is the draw at any temperature (a stop
+        token included), so it can be drafted and is always kept."""
+        ids = np.flatnonzero(self.allowed())
+        return int(ids[0]) if ids.size == 1 else None
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -225,7 +233,9 @@ class ConstraintMatcher:
             raise ConstraintError(f"llguidance refused tokens it had validated: "
                                   f"{self._ll.get_error()}")
         accepting = self._ll.is_accepting()
-        self._rollback_ll(count)
+        if not self._ll.rollback(count):
+            raise ConstraintError(f"llguidance could not roll back {count} tokens: "
+                                  f"{self._ll.get_error()}")
         return count + 1 if accepting else count
 
     def forced(self, limit: int = MAX_FORCED) -> list[int]:
@@ -341,7 +351,7 @@ class ConstraintMatcher:
 def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """A float32 copy of `logits_row` with -inf at every id `allowed` forbids: SAMPLER.md's
     constraint processor. Refuses a mask that allows nothing (the generation must end first)."""
-    row = np.array(logits_row, dtype=np.float32)
+    row = np.asarray(logits_row, dtype=np.float32)  # np.where below makes the copy
     allowed = np.asarray(allowed)
     if row.ndim != 1 or allowed.shape != row.shape or allowed.dtype != np.bool_:
         raise ConstraintError(f"apply_mask needs a 1-D row and a bool mask of its shape, got "
@@ -349,8 +359,7 @@ def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     if not allowed.any():
         raise ConstraintError("the constraint allows no token here (an unsatisfiable state); "
                               "end the generation instead of drawing")
-    row[~allowed] = -np.inf
-    return row
+    return np.where(allowed, row, np.float32(-np.inf))
 
 
 def parse_json(text: str) -> Any:
@@ -359,70 +368,4 @@ def parse_json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise ConstraintError(f"the generated text is not complete JSON ({error.msg} at "
-                              f"character {error.pos}): {_short(text)}") from None
-
-
-# -- compilation caches ----------------------------------------------------------------------
-
-def _llguidance() -> Any:
-    try:
-        import llguidance
-    except ImportError:
-        raise ConstraintError("constraints need llguidance: pip install "
-                              "'exactdraft[constraints]'") from None
-    return llguidance
-
-
-_byte_tokenizer: Any = None
-
-
-def _bytes() -> Any:
-    """llguidance's 256-byte vocabulary (plus eos), for checks that need no real tokenizer."""
-    global _byte_tokenizer
-    if _byte_tokenizer is None:
-        _byte_tokenizer = _llguidance().LLTokenizer("byte")
-    return _byte_tokenizer
-
-
-_compiled_cache: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
-_compiled_lock = threading.Lock()
-
-
-def _compiled(constraint: Constraint, tokenizer: Any, bridge: Any) -> Any:
-    """The llguidance matcher of `constraint` over this tokenizer, in its initial state."""
-    with _compiled_lock:
-        per_tokenizer = _compiled_cache.setdefault(tokenizer, OrderedDict())
-        matcher = per_tokenizer.get(constraint)
-        if matcher is not None:
-            per_tokenizer.move_to_end(constraint)
-            return matcher
-    matcher = _llguidance().LLMatcher(bridge.ll_tokenizer, constraint.grammar, log_level=0)
-    if matcher.is_error():
-        raise ConstraintError(f"invalid {constraint.kind} {_short(constraint.source)}: "
-                              f"{matcher.get_error().strip()}")
-    _refuse_empty(matcher, constraint.kind, constraint.source, bridge.size,
-                  bridge.eos_token_id, "with this tokenizer's tokens")
-    with _compiled_lock:
-        per_tokenizer[constraint] = matcher
-        while len(per_tokenizer) > COMPILED_PER_TOKENIZER:
-            per_tokenizer.popitem(last=False)
-    return matcher
-
-
-def _refuse_empty(matcher: Any, kind: str, source: str, size: int, eos: int,
-                  where: str = "") -> None:
-    """ConstraintError if the matcher's initial state allows no text at all."""
-    if matcher.is_error():
-        raise ConstraintError(f"invalid {kind} {_short(source)}: {matcher.get_error().strip()}")
-    if matcher.is_accepting():
-        return
-    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
-                         bitorder="little")[:size].astype(bool)
-    bits[eos] = False
-    if not bits.any() or matcher.is_error():
-        suffix = f" {where}" if where else ""
-        raise ConstraintError(f"{kind} {_short(source)} matches nothing{suffix}")
-
-
-def _short(text: str, limit: int = 120) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+                              f"character {error.pos}): {short(text)}") from None

@@ -279,11 +279,11 @@ def _literal(text: str) -> str:
     return json.dumps(text)  # a JSON string is a Lark string literal
 
 
-def _call_rule(tool_format: ToolFormat, function: Mapping[str, Any]) -> str:
+def _call_rule(tool_format: ToolFormat, function: Mapping[str, Any], head: bool = True) -> str:
     schema = json.dumps(function.get("parameters") or {"type": "object"})
     name = function["name"]
     if tool_format.name in ("hermes", "generic"):
-        head, key, tail = GENERIC_CALL_START, "arguments", "}" + GENERIC_CALL_END
+        head, key, tail = GENERIC_CALL_START if head else "", "arguments", "}" + GENERIC_CALL_END
     elif tool_format.name in ("mistral", "llama3"):
         head, key, tail = "", "arguments" if tool_format.name == "mistral" else "parameters", "}"
     else:
@@ -315,23 +315,28 @@ def constraint_grammar(tool_format: ToolFormat, functions: Sequence[Mapping[str,
         chosen = [f for f in functions if f["name"] == choice]
     if not chosen:
         raise ToolCallError(f"tool_choice names {choice!r}, which is not one of the tools")
-    rules = [f"call_{i}: {_call_rule(tool_format, f)}" for i, f in enumerate(chosen)]
+    auto = choice == "auto"  # the text before a call then ends with the start marker
+    rules = [f"call_{i}: {_call_rule(tool_format, f, head=not auto)}"
+             for i, f in enumerate(chosen)]
     calls = " | ".join(f"call_{i}" for i in range(len(chosen)))
     if tool_format.name == "mistral":
         more = ' ("," call)*' if parallel else ""
         start = f'start: "[TOOL_CALLS][" call{more} "]"'
     elif tool_format.name == "llama3":
         start = 'start: call ("; " call)*' if parallel else "start: call"
-    elif choice == "auto":
-        # Free text that never opens a call, then calls (each strict-checked), text between.
-        start = "start: TEXT? (call TEXT?)*"
-        rules.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*){re.escape(GENERIC_CALL_START)}(?s:.*)/")
+    elif auto:
+        # Free text up to the first start marker (a lazy match ends right there), a call,
+        # and so on; the text after the last call holds no start marker.
+        marker = re.escape(GENERIC_CALL_START)
+        start = "start: text_call* TAIL?"
+        rules += ["text_call: text call", f"text[lazy]: /(?s:.*){marker}/",
+                  f"TAIL: /(?s:.+)/ & ~/(?s:.*){marker}(?s:.*)/"]
     else:
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    if choice == "auto":
+    if auto:
         loose = [f for f in functions if not f.get("strict")]
         if loose:
-            rules.append("call_free: " + _literal(GENERIC_CALL_START) +
+            rules.append("call_free:" +
                          ' %json {"type": "object", "properties": {"name": {"enum": ' +
                          json.dumps([f["name"] for f in loose]) + '}, "arguments": '
                          '{"type": "object"}}, "required": ["name", "arguments"]} ' +

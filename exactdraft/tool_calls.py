@@ -333,13 +333,9 @@ def constraint_grammar(tool_format: ToolFormat, functions: Sequence[Mapping[str,
                   f"TAIL: /(?s:.+)/ & ~/(?s:.*){marker}(?s:.*)/"]
     else:
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    if auto:
-        loose = [f for f in functions if not f.get("strict")]
-        if loose:
-            rules.append("call_free:" +
-                         ' %json {"type": "object", "properties": {"name": {"enum": ' +
-                         json.dumps([f["name"] for f in loose]) + '}, "arguments": '
-                         '{"type": "object"}}, "required": ["name", "arguments"]} ' +
-                         _literal(GENERIC_CALL_END))
-            calls += " | call_free"
+    if auto:  # calls to functions not marked strict take any arguments object
+        loose = [{"name": f["name"]} for f in functions if not f.get("strict")]
+        rules += [f"free_{i}: {_call_rule(tool_format, f, head=False)}"
+                  for i, f in enumerate(loose)]
+        calls += "".join(f" | free_{i}" for i in range(len(loose)))
     return "\n".join([start, f"call: {calls}", *rules]) + "\n"

@@ -242,7 +242,7 @@ def render_chat_with_tools(tokenizer: Any, messages: Sequence[Mapping[str, Any]]
     if native:
         tools = [{"type": "function", "function": dict(f)} for f in functions]
         history = [{**m, "content": m.get("content") or ""} for m in messages]
-        return tokenizer.render_chat(history, **({"tools": tools} if tools else {}))
+        return tokenizer.render_chat(history, tools=tools or None)  # None as transformers
     prompt = generic_tools_prompt(functions, choice, parallel) if functions else None
     if prompt is None:
         history = _generic_history(messages, "")

@@ -6,7 +6,8 @@ deltas: feeding a text whole or in any pieces gives the same content (concatenat
 calls in the same order with the same names, and argument deltas that concatenate to the same
 arguments string. Raw call markup never reaches content: text that could still be the start of
 a start marker is held back (as exactdraft/stops.py holds back stop strings) until it is
-settled. `parse_tool_calls` is the splitter fed the whole text, so a whole response and a
+settled. Whitespace between content and a call is dropped with the call's markup (a text with no
+calls comes out whole). `parse_tool_calls` is the splitter fed the whole text, so a whole response and a
 stream of the same text agree.
 
 Formats (FORMATS, checked in this order against a chat template's source by `detect_format`):
@@ -165,6 +166,7 @@ class ToolCallSplitter:
         self.calls: list[tuple[str, str]] = []  # (id, name) by index
         self.events: list[Event] = []
         self.opened = False  # content other than whitespace, or a call, has been seen
+        self.space = ""  # trailing whitespace of the content, held back
 
     # -- the sink the readers report to ----------------------------------------------------
 
@@ -203,9 +205,14 @@ class ToolCallSplitter:
         return self._drain(final=True)
 
     def _content(self, text: str) -> None:
-        if text:
-            self.opened = self.opened or bool(text.strip())
-            self.events.append(Content(text))
+        """Content, less trailing whitespace: that waits for more content, and is dropped if a
+        call comes next (or the text ends after a call), so calls take no blank lines along."""
+        text = self.space + text
+        body = text.rstrip()
+        self.space = text[len(body):]
+        if body:
+            self.opened = True
+            self.events.append(Content(body))
 
     def _drain(self, final: bool) -> list[Event]:
         while True:
@@ -223,7 +230,7 @@ class ToolCallSplitter:
                 if any(lead.startswith(head) for lead in _LEADING) and not final:
                     break  # could still open with a call
                 if head.startswith(_LEADING):
-                    self.pending, self.opened = head, True
+                    self.pending, self.opened, self.space = head, True, ""
                     self.reader = self.format.reader(self)
                     continue
             found = [(at, marker) for marker in self.format.markers
@@ -231,12 +238,15 @@ class ToolCallSplitter:
             if found:
                 at, marker = min(found)
                 self._content(self.pending[:at])
+                self.space = ""
                 self.pending, self.opened = self.pending[at + len(marker):], True
                 self.reader = self.format.reader(self)
                 continue
             held = 0 if final else _held_back(self.pending, self.format.markers)
             self._content(self.pending[:len(self.pending) - held])
             self.pending = self.pending[len(self.pending) - held:]
+            if final and self.space and not self.calls:  # a text without calls stays whole
+                self.events.append(Content(self.space))
             break
         events, self.events = self.events, []
         return events

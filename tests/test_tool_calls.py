@@ -36,12 +36,12 @@ SAMPLES = [
     ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
      '"Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n'
      "</tool_call>",
-     "Let me look.\n\n", [("get_weather", '{"city": "Paris", "days": 2}'), ("now", "{}")]),
+     "Let me look.", [("get_weather", '{"city": "Paris", "days": 2}'), ("now", "{}")]),
     ("hermes", '<tool_call>{"arguments": {"city": "a}b\\"c"}, "name": "get_weather"}'
      "</tool_call>", "", [("get_weather", '{"city": "a}b\\"c"}')]),
     ("qwen3-xml", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Jose, CA"
      "\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-     "Sure.\n", [("get_weather", '{"city": "San Jose, CA", "days": 3}')]),
+     "Sure.", [("get_weather", '{"city": "San Jose, CA", "days": 3}')]),
     ("qwen3-xml", "<tool_call>\n<function=now>\n</function>\n</tool_call> done",
      " done", [("now", "{}")]),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
@@ -56,14 +56,16 @@ SAMPLES = [
      [("get_weather", '{"city": "Rome"}'), ("now", "{}")]),
     ("llama3", 'A {"name": "x"} is JSON.', 'A {"name": "x"} is JSON.', []),
     ("gemma", 'Checking.\n```tool_code\nget_weather(city="Paris", days=2)\n```\n',
-     "Checking.\n\n", [("get_weather", '{"city": "Paris", "days": 2}')]),
+     "Checking.", [("get_weather", '{"city": "Paris", "days": 2}')]),
     ("gemma", '```tool_code\n[get_weather(city="Oslo"), now()]\n```', "",
      [("get_weather", '{"city": "Oslo"}'), ("now", "{}")]),
     ("generic", 'I will call it. <tool_call>{"name": "get_weather", "arguments": '
-     '{"city": "Lyon"}}</tool_call>', "I will call it. ",
+     '{"city": "Lyon"}}</tool_call>', "I will call it.",
      [("get_weather", '{"city": "Lyon"}')]),
-    ("generic", "No call here, only <tool_ and <b>text</b>.",
-     "No call here, only <tool_ and <b>text</b>.", []),
+    ("generic", "No call here, only <tool_ and <b>text</b>.\n\n",
+     "No call here, only <tool_ and <b>text</b>.\n\n", []),
+    ("generic", 'A\n<tool_call>{"name": "now", "arguments": {}}</tool_call>\n\nB \n',
+     "A\n\nB", [("now", "{}")]),
 ]
 
 
@@ -128,8 +130,8 @@ def test_arguments_stream_before_the_call_ends():
 
 def test_content_that_could_open_a_call_is_held_back_until_settled():
     splitter = ToolCallSplitter(format_named("hermes"), TOOLS)
-    assert splitter.feed("Hello <tool") == [Content("Hello ")]
-    assert splitter.feed("box>") == [Content("<toolbox>")]
+    assert splitter.feed("Hello <tool") == [Content("Hello")]
+    assert splitter.feed("box>") == [Content(" <toolbox>")]
     llama = ToolCallSplitter(format_named("llama3"), TOOLS)
     assert llama.feed('  {"na') == []  # a reply opening with {"name" is a call
     assert llama.feed("tion") == [Content('  {"nation')]

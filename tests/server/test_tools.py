@@ -153,7 +153,7 @@ def test_anthropic_client_tool_use_round_trip_whole_and_streamed(smollm2_server)
     client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
     messages = anthropic_history("What is the weather in Paris?")
     options = dict(model="smollm2", messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=40,
-                   temperature=0)
+                   extra_body={"temperature": 0})
     whole = client.messages.create(**options)
     assert whole.stop_reason == "tool_use"
     (use,) = [b for b in whole.content if b.type == "tool_use"]

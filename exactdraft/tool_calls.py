@@ -6,9 +6,9 @@ deltas: feeding a text whole or in any pieces gives the same content (concatenat
 calls in the same order with the same names, and argument deltas that concatenate to the same
 arguments string. Raw call markup never reaches content: text that could still be the start of
 a start marker is held back (as exactdraft/stops.py holds back stop strings) until it is
-settled. Whitespace between content and a call is dropped with the call's markup (a text with no
-calls comes out whole). `parse_tool_calls` is the splitter fed the whole text, so a whole response and a
-stream of the same text agree.
+settled. Whitespace between content and a call is dropped with the call's markup (a text with
+no calls comes out whole). `parse_tool_calls` is the splitter fed the whole text, so a whole
+response and a stream of the same text agree.
 
 Formats (FORMATS, checked in this order against a chat template's source by `detect_format`):
 

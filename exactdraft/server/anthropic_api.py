@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_replies as tool_replies
 import exactdraft.server.tools as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.server.fields import (
@@ -67,7 +68,7 @@ class Reply:
         self.id = "msg_" + uuid.uuid4().hex
         self.call_prefix = f"toolu_{self.id[-24:]}_"
         self.blocks = None if wanted.tools is None else \
-            tools.AnthropicBlocks(wanted.tools, self.call_prefix)
+            tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
 
     def _tool_stop(self, reason: str, called: bool) -> str:
         return "tool_use" if called and reason == "end_turn" else reason
@@ -88,7 +89,7 @@ class Reply:
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]
         if self.wanted.tools is not None:
-            blocks = tools.anthropic_blocks(self.wanted.tools, result.text or "",
+            blocks = tool_replies.anthropic_blocks(self.wanted.tools, result.text or "",
                                             self.call_prefix)
         else:
             blocks = [{"type": "text", "text": result.text or ""}]

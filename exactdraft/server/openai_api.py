@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_replies as tool_replies
 import exactdraft.server.tools as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.sampling import TokenLogprob
@@ -127,8 +128,8 @@ class Reply:
         for index, result in enumerate(results):
             choice: dict[str, Any] = {"index": index}
             if self.chat and self.wanted.tools is not None:
-                choice["message"] = tools.openai_message(self.wanted.tools, result.text or "",
-                                                         self._call_prefix(index))
+                choice["message"] = tool_replies.openai_message(
+                    self.wanted.tools, result.text or "", self._call_prefix(index))
                 if choice["message"].get("tool_calls"):
                     self.called.add(index)
             elif self.chat:
@@ -153,7 +154,7 @@ class Reply:
                 splitter = self.splitters.setdefault(
                     index, self.wanted.tools.splitter(self._call_prefix(index)))
                 events = splitter.feed(text) + (splitter.finish() if chunk.result else [])
-                text, calls = tools.openai_delta(events)
+                text, calls = tool_replies.openai_delta(events)
                 if calls:
                     delta["tool_calls"] = calls
                     self.called.add(index)

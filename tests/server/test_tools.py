@@ -28,7 +28,7 @@ from exactdraft.server import anthropic_api, openai_api
 from exactdraft.server.fields import Wanted
 from exactdraft.server.service import Service, token_digest
 from exactdraft.server.tools import ToolRequest
-from exactdraft.tool_calls import format_named
+from exactdraft.tool_calls import ToolCallError, format_named
 from tests.conftest import needs_smollm2
 from tests.server.conftest import MODEL
 from tests.server.live import post, server_in_thread
@@ -383,3 +383,22 @@ def test_good_tool_requests_are_served(live):
     ]:
         status, reply = post(base, path, {**GOOD[path], **body, "max_tokens": 2})
         assert status == 200, (path, reply)
+
+
+def test_a_broken_call_in_the_model_text_is_an_error_naming_it(service_and_result):
+    """Arguments that do not parse are not passed on as a call nor as content."""
+    service, result = service_and_result
+    text = 'Hm. <tool_call>{"name": "get_weather", "arguments": {"city": Paris}}</tool_call>'
+    wanted = Wanted(prompt=[1], max_tokens=8, tools=ToolRequest([FUNCTION]))
+    final = dataclasses.replace(result, text=text, finish_reason="stop", stop=None)
+    with pytest.raises(ToolCallError, match=r"tool call 0 \(get_weather\) is not valid JSON"):
+        openai_api.Reply(service, True, wanted, [1]).whole([final])
+    with pytest.raises(ToolCallError, match=r"tool call 0 \(get_weather\)"):
+        anthropic_api.Reply(service, wanted, [1]).whole([final])
+    reply = openai_api.Reply(service, True, wanted, [1])
+    with pytest.raises(ToolCallError):
+        replay(lambda c, first: reply.chunk(0, c, first, 0), text, result)
+    # Control: the same text with valid arguments is a call.
+    fixed = dataclasses.replace(final, text=text.replace("Paris", '"Paris"'))
+    assert openai_api.Reply(service, True, wanted, [1]).whole([fixed])["choices"][0][
+        "message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'

@@ -93,9 +93,10 @@ def _function(name: Any, description: Any, parameters: Any, strict: Any,
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(f"{where}.strict must be true or false", f"{where}.strict")
     checked_text(description or "", f"{where}.description")
-    return {"name": name, "description": description or "",
-            "parameters": parameters or {"type": "object", "properties": {}},
-            "strict": bool(strict)}
+    # Only the fields the client gave: a template renders the function as it was declared.
+    given = {"name": name, "description": description, "parameters": parameters,
+             "strict": strict}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def _unique(functions: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:

@@ -402,3 +402,49 @@ def test_a_broken_call_in_the_model_text_is_an_error_naming_it(service_and_resul
     fixed = dataclasses.replace(final, text=text.replace("Paris", '"Paris"'))
     assert openai_api.Reply(service, True, wanted, [1]).whole([fixed])["choices"][0][
         "message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_a_template_with_tools_renders_natively_through_both_apis(tmp_path):
+    """A tiny checkpoint carrying the Qwen3-style template: a request with tools and a call
+    and result in its history is rendered by the template itself, byte for byte as
+    transformers renders it (the receipt's prompt digest), the same from both APIs."""
+    transformers = pytest.importorskip("transformers")
+    from exactdraft.loading.tokenizer import Tokenizer
+    from tests.conftest import build_tiny_checkpoint
+    from tests.loading.test_chat_template_tools import QWEN3
+
+    folder = build_tiny_checkpoint(str(tmp_path), "qwen3")
+    with open(tmp_path / "tokenizer_config.json") as handle:
+        config = json.load(handle)
+    with open(tmp_path / "tokenizer_config.json", "w") as handle:
+        json.dump({**config, "chat_template": QWEN3}, handle)
+    chat = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "rain"}]
+    expected = transformers.AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        chat, tools=OPENAI_TOOLS, tokenize=False, add_generation_prompt=True)
+    assert "<tools>" in expected and "<tool_response>\nrain" in expected
+    digest = token_digest(Tokenizer.from_folder(folder).encode(expected,
+                                                               add_special_tokens=False))
+    generator = xd.Generator.from_pretrained(folder, "torch", progress=False)
+    openai_chat = [chat[0], {**chat[1], "tool_calls": [{**chat[1]["tool_calls"][0], "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {k: v for k, v in chat[2].items() if k != "name"}]
+    anthropic_chat = [chat[0], {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                                      "content": "rain"}]}]
+    with server_in_thread(generator, "tiny-qwen3") as (base, _):
+        status, whole = post(base, CHAT, {"messages": openai_chat, "tools": OPENAI_TOOLS,
+                                          "max_tokens": 2})
+        assert status == 200, whole
+        assert whole["choices"][0]["receipt"]["prompt_ids_sha256"] == digest
+        status, message = post(base, MESSAGES, {"messages": anthropic_chat, "max_tokens": 2,
+                                                "tools": ANTHROPIC_TOOLS})
+        assert status == 200, message
+        assert message["receipt"]["prompt_ids_sha256"] == digest
+        # Negative control: without the tools the prompt differs.
+        status, bare = post(base, CHAT, {"messages": openai_chat, "max_tokens": 2})
+        assert bare["choices"][0]["receipt"]["prompt_ids_sha256"] != digest

@@ -293,7 +293,10 @@ def _call_rule(tool_format: ToolFormat, function: Mapping[str, Any], head: bool 
     schema = json.dumps(function.get("parameters") or {"type": "object"})
     name = function["name"]
     if tool_format.name in ("hermes", "generic"):
-        head, key, tail = GENERIC_CALL_START if head else "", "arguments", "}" + GENERIC_CALL_END
+        # Hermes models write the JSON on its own line; the generic prompt shows one line.
+        line = "\n" if tool_format.name == "hermes" else ""
+        head, key = (GENERIC_CALL_START if head else "") + line, "arguments"
+        tail = "}" + line + GENERIC_CALL_END
     elif tool_format.name in ("mistral", "llama3"):
         head, key, tail = "", "arguments" if tool_format.name == "mistral" else "parameters", "}"
     else:

@@ -286,7 +286,22 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 ])
 def test_the_grammar_accepts_exactly_the_calls_the_request_allows(byte_matcher, choice, text,
                                                                   accepted):
+    """The generic format's grammars."""
     grammar = constraint_grammar(format_named("generic"), FUNCTIONS, choice, True)
     assert byte_matcher(grammar, text) is accepted
     if accepted:  # and what it accepts, the generic parser reads
         parse_tool_calls(text, format_named("generic"), TOOLS)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+               "</tool_call>"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}')])
+def test_each_format_grammar_accepts_calls_written_as_its_models_write_them(byte_matcher, name,
+                                                                           text):
+    tool_format = format_named(name)
+    grammar = constraint_grammar(tool_format, FUNCTIONS, "required", True)
+    assert byte_matcher(grammar, text)
+    assert not byte_matcher(grammar, text.replace('"Paris"', "7"))  # city must be a string
+    assert parse_tool_calls(text, tool_format, TOOLS)[1][0].name == "get_weather"

@@ -36,7 +36,7 @@ from exactdraft.tool_calls import (
     detect_format,
 )
 
-NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _function(name: Any, description: Any, parameters: Any, strict: Any,
     if schema_required and parameters is None:
         raise RequestError(f"{where}.{schema_field} is required: the JSON schema of the "
                            "tool's input", f"{where}.{schema_field}")
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise RequestError(f"{where}.{name_field} must be a name of 1 to 128 letters, digits, "
                            f"'_', '-', '.' or ':', got {json.dumps(name)[:80]}",
                            f"{where}.{name_field}")

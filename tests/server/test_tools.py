@@ -82,13 +82,22 @@ def smollm2_server():
         yield base, generator
 
 
-def serial_digest(generator, messages: list[dict], max_tokens: int) -> str:
-    """The token digest of the Python API's serial greedy run on the rendered chat (the
-    messages in the internal form: arguments as objects)."""
+def serial_receipt(generator, messages: list[dict], max_tokens: int) -> dict:
+    """The prompt and token digests of the Python API's serial greedy run on the rendered chat
+    (the messages in the internal form: arguments as objects)."""
     text = render_chat_with_tools(generator.tokenizer, messages, [FUNCTION])
     ids = generator.tokenizer.encode(text, add_special_tokens=False)
-    return token_digest(generator.generate(ids, max_new_tokens=max_tokens, temperature=0,
-                                           drafts=False).tokens)
+    # Negative control: the same chat rendered without its tools is another prompt.
+    bare = render_chat_with_tools(generator.tokenizer, messages, [])
+    assert token_digest(generator.tokenizer.encode(bare, add_special_tokens=False)) != \
+        token_digest(ids)
+    tokens = generator.generate(ids, max_new_tokens=max_tokens, temperature=0,
+                                drafts=False).tokens
+    return {"prompt_ids_sha256": token_digest(ids), "token_ids_sha256": token_digest(tokens)}
+
+
+def digests(receipt: dict) -> dict:
+    return {k: receipt[k] for k in ("prompt_ids_sha256", "token_ids_sha256")}
 
 
 def internal(messages: list[dict]) -> list[dict]:
@@ -121,8 +130,8 @@ def test_openai_client_tool_call_whole_streamed_and_answered(smollm2_server):
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
-    assert choice.model_extra["receipt"]["token_ids_sha256"] == \
-        serial_digest(generator, internal(messages), 40)
+    assert digests(choice.model_extra["receipt"]) == \
+        serial_receipt(generator, internal(messages), 40)
 
     chunks = list(client.chat.completions.create(stream=True, **options))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -143,8 +152,7 @@ def test_openai_client_tool_call_whole_streamed_and_answered(smollm2_server):
     assert "Paris" in reply.message.content and "<tool" not in reply.message.content
     rendered = internal(follow_up)
     rendered[-2]["tool_calls"][0]["id"] = call.id
-    assert reply.model_extra["receipt"]["token_ids_sha256"] == \
-        serial_digest(generator, rendered, 40)
+    assert digests(reply.model_extra["receipt"]) == serial_receipt(generator, rendered, 40)
 
 
 @needs_smollm2

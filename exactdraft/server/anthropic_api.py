@@ -4,7 +4,8 @@ Invariant: a message (whole or streamed) carries exactly what the engine committ
 the stop reason (end_turn for a stop token, stop_sequence with the string that matched,
 max_tokens for the length or context limit), the token counts and, as exactdraft's extension,
 the receipt (in the message, and in the stream's message_delta event). Streamed text deltas
-concatenate to the whole message's text. Extensions in a request: `min_p`,
+concatenate to the whole message's text; with tools (server/tools.py) the call markup comes out
+as `tool_use` blocks instead, whole or streamed alike. Extensions in a request: `min_p`,
 `repetition_penalty`, `seed` and `drafts` (false: serial decoding).
 """
 

@@ -5,7 +5,8 @@ choice: its text, its finish reason, its logprobs (the token, its logprob and th
 alternatives from the distribution the draw was made from) and its receipt; a streamed choice's
 deltas concatenate to the whole response's text. Fields beyond OpenAI's are exactdraft's
 extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
-request, `receipt` on each finished choice.
+request, `receipt` on each finished choice. With tools (server/tools.py), the call markup in a
+choice's text comes out as its `tool_calls` instead of content, whole or streamed alike.
 """
 
 from __future__ import annotations
@@ -151,8 +152,9 @@ class Reply:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             text = chunk.text
             if self.wanted.tools is not None:  # calls come out of the text as tool_calls
-                splitter = self.splitters.setdefault(
-                    index, self.wanted.tools.splitter(self._call_prefix(index)))
+                if index not in self.splitters:
+                    self.splitters[index] = self.wanted.tools.splitter(self._call_prefix(index))
+                splitter = self.splitters[index]
                 events = splitter.feed(text) + (splitter.finish() if chunk.result else [])
                 text, calls = tool_replies.openai_delta(events)
                 if calls:

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from exactdraft.errors import TokenizerError
 from exactdraft.loading.chat_template import (
     GENERIC_CALL_START,
     generic_tools_prompt,
@@ -205,3 +206,47 @@ def test_no_functions_render_the_history_alone(tiny_checkpoints):
     rendered = render_chat_with_tools(tokenizer, CHAT, [])
     assert rendered.startswith("<system>Be brief.</s>") and "You can call" not in rendered
     assert GENERIC_CALL_START in rendered
+
+
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+{%- set first_user_prefix = '' -%}
+{%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+{%- endif -%}
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}
+{{- message['content'] | trim }}
+{{- '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}
+"""
+
+
+def test_a_template_that_insists_on_alternating_roles_renders_parallel_results(
+        checkpoint_with):
+    """A Gemma-3-style template (no tools, strict user/model alternation): two results of
+    parallel calls join one user turn, and the tools prompt joins the first user turn."""
+    tokenizer = Tokenizer.from_folder(checkpoint_with("gemma3-template", GEMMA3))
+    second = {**CALL, "id": "call_8", "function": {"name": "get_weather",
+                                                   "arguments": {"city": "Oslo"}}}
+    chat = [*CHAT[:2], {"role": "assistant", "content": "", "tool_calls": [CALL, second]},
+            CHAT[3], {"role": "tool", "tool_call_id": "call_8", "name": "get_weather",
+                      "content": "snow"}, *CHAT[4:]]
+    rendered = render_chat_with_tools(tokenizer, chat, [WEATHER])
+    turns = rendered.split("<start_of_turn>")[1:]
+    assert [t.split("\n")[0] for t in turns] == ["user", "model", "user", "model", "user",
+                                                 "model"]
+    assert turns[0].startswith("user\nBe brief.\n\n" + generic_tools_prompt([WEATHER])[:40])
+    assert turns[1].count(GENERIC_CALL_START) == 2
+    assert '"result": "rain, 12 C"' in turns[2] and '"result": "snow"' in turns[2]
+    # Control: the same chat with the tool results left as their own messages breaks it.
+    with pytest.raises(TokenizerError, match="alternate"):
+        tokenizer.render_chat([{"role": m["role"], "content": m.get("content") or "x"}
+                               for m in chat if m["role"] != "system"])

@@ -5,6 +5,7 @@
     out = gen.generate("Hello", max_new_tokens=64, temperature=0.7, seed=7)
 """
 
+from exactdraft.constraints import Constraint
 from exactdraft.drafters import (
     DraftContext,
     Drafter,
@@ -20,6 +21,7 @@ from exactdraft.errors import (
     BackendError,
     CheckpointError,
     ConfigError,
+    ConstraintError,
     ExactdraftError,
     ExactnessError,
     GGUFError,
@@ -28,17 +30,22 @@ from exactdraft.errors import (
     TokenizerError,
     WeightError,
 )
-from exactdraft.generator import Chunk, GenerationResult, GenerationStats, Generator, Stream
+from exactdraft.generator import Generator, Stream
+from exactdraft.models.target import Capabilities
+from exactdraft.results import Chunk, GenerationResult, GenerationStats
 from exactdraft.sampling import KeyedSampler, SamplingParams
-from exactdraft.verify import ExactVerifier, Verdict, Verifier
+from exactdraft.verify import ExactVerifier, NothingAllowed, RowTransform, Verdict, Verifier
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "Capabilities",
     "CheckpointError",
     "Chunk",
     "ConfigError",
+    "Constraint",
+    "ConstraintError",
     "DraftContext",
     "DraftHead",
     "DraftModel",
@@ -54,10 +61,12 @@ __all__ = [
     "Generator",
     "KeyedSampler",
     "MTPDrafter",
+    "NothingAllowed",
     "ParameterError",
     "PromptLookup",
     "SuffixDrafter",
     "RecordingError",
+    "RowTransform",
     "SamplingParams",
     "Stream",
     "TokenizerError",

@@ -9,8 +9,8 @@ checked token by token on committed tokens, so a run stops at the very token whe
 run stops. Logprobs are computed from the same rows and histories as the tokens.
 
 Features: when the drafter declares `wants_features` (DraftHead), `wants_features` is true
-and the pass should also return the final hidden rows it appended (target.forward(...,
-features=True)); `advance(logits, features)` then hands the drafter, through
+and the pass should also return the final hidden rows it appended (a Pass with
+features=True); `advance(logits, features)` then hands the drafter, through
 `drafter.observe(rows, start)`, the rows of the positions the state keeps (the prompt's once
 the drafter has begun, then each pass's committed positions). They feed the drafter only: a
 pass run without them (the engine's) just leaves such a drafter with nothing to draft from.
@@ -19,153 +19,89 @@ pass run without them (the engine's) just leaves such a drafter with nothing to 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from exactdraft.constrained import ConstraintRows
+from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
-from exactdraft.drafting import CheckedDrafter, DrafterFaults
-from exactdraft.sampling import SamplingParams, TokenLogprob
-from exactdraft.stops import StopMatcher
-from exactdraft.tree_verify import target_rows, walk_tree
-from exactdraft.verify import ComputedPass
+from exactdraft.drafting import CheckedDrafter
+from exactdraft.models.target import PassSequence, Target, capabilities_of
+from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
+from exactdraft.sampling import KeyedSampler, TokenLogprob
+from exactdraft.verify import Verdict, Verifier, tree_rows
 
-if TYPE_CHECKING:
-    from exactdraft.generator import Generator
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_passes: int = 0
-    target_passes: int = 0  # decode and verify passes after the prefill
-    drafted: int = 0
-    accepted: int = 0
-    tree_passes: int = 0  # verify passes over a token tree (drafted counts its nodes)
-    prefill_seconds: float = 0.0  # time to first token
-    decode_seconds: float = 0.0
-    drafting: bool = False
-    drafting_note: str | None = None  # why drafting was off, when it was requested
-    # What the drafter did wrong in this run (its bad drafts were dropped), by kind.
-    drafter_faults: DrafterFaults = field(default_factory=DrafterFaults)
-
-    @property
-    def wall_seconds(self) -> float:
-        return self.prefill_seconds + self.decode_seconds
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        """Tokens committed per target pass after the first token."""
-        after_first = max(self.generated_tokens - 1, 0)
-        return after_first / self.target_passes if self.target_passes else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode speed: tokens after the first one per second of decoding."""
-        after_first = max(self.generated_tokens - 1, 0)
-        return after_first / self.decode_seconds if self.decode_seconds > 0 else 0.0
+# The results live in exactdraft.results; these names stay importable from here.
+__all__ = ["Chunk", "Decoding", "DecodingSetup", "GenerationResult", "GenerationStats", "Run"]
 
 
 @dataclass
-class GenerationResult:
-    tokens: list[int]
-    text: str | None
-    # "stop", "length", "context", or "interrupted" (Stream.result of a stream cut short)
-    finish_reason: str
-    seed: int
-    stats: GenerationStats
-    prompt_tokens: list[int] = field(default_factory=list)
-    stop: int | str | None = None  # the stop token or stop string that ended the run
-    # One per token when logprobs were asked for (generate(..., logprobs=N)), else None.
-    logprobs: list[TokenLogprob] | None = None
+class DecodingSetup:
+    """What every generation of one Generator shares: the parts, and what its load-time guard
+    decided. The Generator builds one per generation (Generator.decoding_setup), the engine
+    one per sample; Decoding reads nothing else of the Generator."""
 
-
-@dataclass
-class Chunk:
-    """One step of a stream: tokens committed in that step and the text they complete."""
-
-    tokens: list[int]
-    text: str
-    result: GenerationResult | None = None  # set on the last chunk
-    logprobs: list[TokenLogprob] | None = None  # one per token, when asked for
+    target: Target
+    verifier: Verifier
+    sampler: KeyedSampler
+    prefill_chunk: int
+    drafter: Drafter | None = None
+    drafting_note: str | None = None  # why drafting is off although a drafter is given
+    max_draft: int = 0
+    trees: bool = False  # drafts may be token trees (the guard proved tree passes)
+    depth_policy: DepthPolicy | None = None  # holds the measured pass costs
+    forced_window: int = 0  # most forced tokens one pass may verify (0: none)
 
     @property
-    def finish_reason(self) -> str | None:
-        return None if self.result is None else self.result.finish_reason
-
-
-class Run:
-    """The state of one generation, readable while it is under way: its checked request (the
-    prompt ids, parameters with a resolved seed, the stop matcher, max_new_tokens, whether to
-    draft, how many top logprobs to keep) and what it has committed."""
-
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, stops: StopMatcher,
-                 max_new_tokens: int, use_drafts: bool = True,
-                 logprobs: int | None = None) -> None:
-        self.prompt_ids, self.params, self.stops = prompt_ids, params, stops
-        self.max_new_tokens = max_new_tokens
-        self.use_drafts = use_drafts
-        self.logprobs = logprobs  # None: off; N: each token's logprob and the N most probable
-        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        self.output: list[int] = []
-        self.token_logprobs: list[TokenLogprob] = []
-        self.final: GenerationResult | None = None
-
-    def with_seed(self, seed: int) -> Run:
-        """A fresh run of the same request with another seed (and nothing committed)."""
-        stops = StopMatcher(self.stops.strings, sorted(self.stops.tokens), self.stops.tokenizer)
-        return Run(self.prompt_ids, replace(self.params, seed=seed), stops, self.max_new_tokens,
-                   self.use_drafts, self.logprobs)
-
-    def result(self, reason: str) -> GenerationResult:
-        self.stats.generated_tokens = len(self.output)
-        logprobs = None if self.logprobs is None else \
-            list(self.token_logprobs[:len(self.output)])
-        return GenerationResult(tokens=list(self.output), text=self.stops.final_text(self.output),
-                                finish_reason=reason, seed=self.params.seed, stats=self.stats,
-                                prompt_tokens=list(self.prompt_ids), stop=self.stops.matched,
-                                logprobs=logprobs)
+    def drafting_enabled(self) -> bool:
+        return self.drafter is not None and self.drafting_note is None
 
 
 class Decoding:
     """One generation advanced one target pass at a time: the loop body that Generator runs
     for one sequence and the engine runs for many sequences sharing passes.
 
-    A step is `tokens = decoding.plan(...)`, one target pass appending `tokens` to
-    `decoding.state` with rows `decoding.rows`, then `decoding.advance(logits)`, which decides
+    A step is `tokens = decoding.plan(...)`, one target pass holding `decoding.part()` (the
+    tokens appended to `decoding.state`, with their tree parents when the drafts are a tree)
+    with rows `decoding.rows`, run through models.target.run_pass alone or beside other
+    sequences, then `decoding.advance(logits, features)`, which decides
     and commits what that pass holds and returns the step's chunk (None after a prompt chunk
     that is not the last). A plan with no tokens (max_new_tokens 0) needs no pass: advance(None).
     The prompt's first `state.length` positions may already be in the state (a cached prefix);
     that changes no bit (chunked prefill equals one-pass prefill). Whatever `plan` is allowed
     (prompt tokens per pass, drafts or none), the committed tokens are the same."""
 
-    def __init__(self, generator: Generator, run: Run, stream_text: bool,
+    def __init__(self, setup: DecodingSetup, run: Run, stream_text: bool,
                  state: Any = None, drafter: Drafter | None = None,
                  timed_passes: bool = True) -> None:
-        target = self.target = generator.target
+        target = self.target = setup.target
         self.run, self.stream_text = run, stream_text
-        self.verifier, self.sampler = generator.verifier, generator.sampler
-        self.prefill_chunk = generator.prefill_chunk
+        self.verifier, self.sampler = setup.verifier, setup.sampler
+        self.prefill_chunk = setup.prefill_chunk
+        # A constraint: its mask is the verifier's row transform (exactdraft.constrained).
+        self.constraint = None if run.matcher is None else \
+            ConstraintRows(run.matcher, len(run.prompt_ids))
+        self.transform = self.constraint
+        # Forced tokens are drafts too: only in runs that draft, in passes the guard proved.
+        self.forced_window = setup.forced_window if run.use_drafts else 0
+        # Under a constraint drafts are chains (each cut to what the constraint allows).
+        self.trees = setup.trees and self.constraint is None
         self.state = target.new_state() if state is None else state
         self.cursor = self.state.length  # prompt positions in the state
         self.sequence = list(run.prompt_ids)
-        use = run.use_drafts and generator.drafting_enabled
-        self.drafter = CheckedDrafter(drafter or generator.drafter, target.vocab_size,
-                                      generator.max_draft, generator.trees) if use else None
+        use = run.use_drafts and setup.drafting_enabled
+        self.drafter = CheckedDrafter(drafter or setup.drafter, target.vocab_size,
+                                      setup.max_draft, setup.trees) if use else None
         stats = run.stats
         stats.drafting = self.drafter is not None
         if self.drafter is not None:
             stats.drafter_faults = self.drafter.faults
-        stats.drafting_note = generator.drafting_note if run.use_drafts else None
+        stats.drafting_note = setup.drafting_note if run.use_drafts else None
         # A policy per generation, as if reset: the Generator's holds the measured costs.
-        self.policy = generator.depth_policy.fresh() \
-            if self.drafter is not None and generator.depth_policy is not None else None
+        self.policy = setup.depth_policy.fresh() \
+            if self.drafter is not None and setup.depth_policy is not None else None
         # A drafter of several sources (FallbackDrafter) gets a policy per source: each
         # source's acceptance and time set the depth asked of it.
         self.policies = [self.policy] + [self.policy.fresh() for _ in
@@ -174,7 +110,7 @@ class Decoding:
         self.planned: list[int] = []  # the tokens of the pass being run
         self.drafts: list[int] = []  # the drafts among them
         self.tree: DraftTree | None = None  # the drafts' tree, when they are one
-        self.parents: list[int] | None = None  # each planned row's parent row, for a tree
+        self.parents: list[int] | None = None  # the tree's parents (draft indices), for a tree
         self.finished = False
         self._proposed = False  # whether the drafter has proposed in this generation
         self._draft_seconds = 0.0  # the last proposal's time
@@ -197,17 +133,17 @@ class Decoding:
         """Whether the next pass should return its features for the drafter (the drafter
         wants them and the target declares `returns_features`)."""
         return self.drafter is not None and self.drafter.wants_features and \
-            getattr(self.target, "returns_features", False) is True
+            capabilities_of(self.target).returns_features
 
-    def plan(self, max_tokens: int | None = None, drafts: bool = True,
-             trees: bool = False) -> list[int]:
+    def plan(self, max_tokens: int | None = None, drafts: bool = True) -> list[int]:
         """The tokens the next pass appends: a prompt chunk (at most `max_tokens`) while
-        prefilling, else the last committed token and the drafts (none if not `drafts`).
-        With `trees` the drafts may be a token tree: then `parents` is set and the pass must
-        be target.forward_tree(state, tokens, parents); else it is None."""
+        prefilling, else the last committed token and the drafts (none if not `drafts`): the
+        tokens a constraint forces where it forces some, else the drafter's. Where the setup
+        allows trees the drafts may be a token tree (`tree` is then set). `part()` describes
+        the pass this sequence needs."""
         run, sequence = self.run, self.sequence
         self._clock = time.perf_counter()
-        self.drafts, self.tree, self.parents = [], None, None
+        self.drafts, self.tree, self.forced = [], None, False
         self._draft_seconds = 0.0
         if run.max_new_tokens == 0:
             self.planned = []
@@ -220,40 +156,67 @@ class Decoding:
         else:
             limit = min(run.max_new_tokens - len(run.output),
                         self.target.max_context - len(sequence)) - 1
-            # A tree's nodes are chosen after it is proposed (the policy weighs every node);
-            # a chain's depth before. Either way nothing is proposed where no draft pays.
-            started = time.perf_counter()
-            # A copy, so a drafter cannot change the committed sequence.
-            committed = tuple(sequence) if self.drafter is not None and drafts else ()
-            if len(self.policies) > 1 and drafts and limit > 0:
-                self.policy = self.policies[self.drafter.source(committed)]
-            if self.policy is not None:
-                depth = self.policy.depth(limit)
-                limit = depth if not trees or depth == 0 else limit
-            if self.drafter is not None and drafts and limit > 0:
-                proposal = self.drafter.propose(committed, limit)
-                self._draft_seconds = time.perf_counter() - started
-                if self.policy is not None and self._proposed:  # the first one catches up
-                    proposed_depth = proposal.depth() if isinstance(proposal, DraftTree) \
-                        else len(proposal)
-                    self.policy.record_draft_time(self._draft_seconds, proposed_depth)
-                self._proposed = True
-                if isinstance(proposal, DraftTree) and trees and self.policy is not None:
-                    proposal = self.policy.select(proposal, limit)
-                    if proposal.is_chain:
-                        proposal = list(proposal.tokens)
-                elif trees and self.policy is not None:
-                    proposal = proposal[:self.policy.depth(len(proposal), drafting=False)]
-                if isinstance(proposal, DraftTree):
-                    if trees:
-                        self.tree = proposal
-                        self.planned, self.parents = target_rows(proposal, sequence[-1])
-                        self.drafts = list(proposal.tokens)
-                        return self.planned
-                    proposal = list(proposal.first_path())
-                self.drafts = proposal
+            forced = self.constraint.forced(run.output, min(limit, self.forced_window)) \
+                if self.constraint is not None and drafts else []
+            self.forced = bool(forced)
+            if forced:  # the constraint's own guess, verified like any draft
+                self.drafts = forced
+            else:
+                self._propose(limit, drafts)
             self.planned = [sequence[-1], *self.drafts]
         return self.planned
+
+    def _propose(self, limit: int, drafts: bool) -> None:
+        """The drafter's proposal for the next pass, at the depth its policy sets: a chain in
+        `drafts`, or a tree in `tree` (and its nodes in `drafts`)."""
+        trees = self.trees
+        # A tree's nodes are chosen after it is proposed (the policy weighs every node);
+        # a chain's depth before. Either way nothing is proposed where no draft pays.
+        started = time.perf_counter()
+        # A copy, so a drafter cannot change the committed sequence.
+        committed = tuple(self.sequence) if self.drafter is not None and drafts else ()
+        if len(self.policies) > 1 and drafts and limit > 0:
+            self.policy = self.policies[self.drafter.source(committed)]
+        if self.policy is not None:
+            depth = self.policy.depth(limit)
+            limit = depth if not trees or depth == 0 else limit
+        if self.drafter is None or not drafts or limit <= 0:
+            return
+        proposal = self.drafter.propose(committed, limit)
+        self._draft_seconds = time.perf_counter() - started
+        if self.policy is not None and self._proposed:  # the first one catches up
+            proposed_depth = proposal.depth() if isinstance(proposal, DraftTree) \
+                else len(proposal)
+            self.policy.record_draft_time(self._draft_seconds, proposed_depth)
+        self._proposed = True
+        if isinstance(proposal, DraftTree) and trees and self.policy is not None:
+            proposal = self.policy.select(proposal, limit)
+            if proposal.is_chain:
+                proposal = list(proposal.tokens)
+        elif trees and self.policy is not None:
+            proposal = proposal[:self.policy.depth(len(proposal), drafting=False)]
+        if isinstance(proposal, DraftTree):
+            if trees:
+                self.tree = proposal
+                self.drafts = list(proposal.tokens)
+                return
+            proposal = list(proposal.first_path())
+        # Under a constraint, drafts it forbids would only be rows that cannot be kept.
+        self.drafts = proposal if self.constraint is None else \
+            self.constraint.cut(self.run.output, proposal)
+
+    @property
+    def draft_parents(self) -> list[int] | None:
+        """Each draft's parent draft (-1: under the last committed token) for a tree, else
+        None (a chain)."""
+        return None if self.tree is None else list(self.tree.parents)
+
+    def part(self) -> PassSequence:
+        """This sequence's part of the next pass (after `plan`)."""
+        parents = None
+        if self.tree is not None:
+            parents = tree_rows(self.sequence[-1], self.drafts, self.draft_parents)[1]
+        return PassSequence(self.state, self.planned, parents)
 
     def advance(self, logits: np.ndarray | None,
                 features: np.ndarray | None = None) -> Chunk | None:
@@ -273,8 +236,8 @@ class Decoding:
             stats.prefill_passes += 1
             if self.prefilling:
                 return None
-            first = self.sampler.sample(logits[-1], run.params, pos=n_prompt,
-                                        history=self.sequence, n_prompt=n_prompt)
+            # The first token: a pass with no drafts, through the same verifier and transform.
+            verdict = self._verdict(logits[-1:], [])
             stats.prefill_seconds = time.perf_counter() - self._started
             if self.drafter is not None:
                 self.drafter.begin(tuple(run.prompt_ids),
@@ -283,49 +246,45 @@ class Decoding:
                     start = self.cursor - sum(len(rows) for rows in self._prompt_features)
                     self.drafter.observe(np.concatenate(self._prompt_features), start)
                 self._prompt_features = []
-            return self._commit([first], logits[-1:])
+            return self._commit(verdict.tokens, verdict.rows)
         if self.policy is not None and self.timed_passes:  # the pass, without the drafting
             self.policy.record_pass_time(len(self.planned), time.perf_counter() - self._clock -
                                          self._draft_seconds)
-        drafts = self.drafts
-        if self.tree is not None:
-            return self._advance_tree(logits, features)
-        verdict = self.verifier.verify(
-            ComputedPass(self.target, self.planned, logits, all_rows=bool(drafts)), self.state,
-            drafts, sampler=self.sampler, params=run.params, history=self.sequence,
-            n_prompt=n_prompt)
+        drafts, tree = self.drafts, self.tree
+        verdict = self._verdict(logits, drafts)
+        # The state keeps the committed path: a tree's kept path, or a chain's kept prefix.
+        if tree is not None:
+            self.target.commit_tree(self.state, verdict.path)
+        elif verdict.accepted < len(drafts):
+            self.target.truncate(self.state, len(self.sequence) + verdict.accepted)
         stats.target_passes += 1
         if drafts:
             stats.drafted += len(drafts)
             stats.accepted += verdict.accepted
+        if self.forced:  # the constraint's drafts: no feedback for the drafter or its policy
+            stats.forced += len(drafts)
+        elif drafts:
             self.drafter.accepted(len(drafts), verdict.accepted)
-        if self.policy is not None:
-            self.policy.record(len(drafts), verdict.accepted)
+        if tree is not None:
+            stats.tree_passes += 1
+        if self.policy is not None and not self.forced:
+            if tree is not None:
+                self.policy.record_tree(tree, [row - 1 for row in verdict.path[1:]])
+            else:
+                self.policy.record(len(drafts), verdict.accepted)
         if features is not None:  # the positions the state keeps: the last token, kept drafts
-            self.drafter.observe(features[:verdict.accepted + 1], len(self.sequence) - 1)
+            self.drafter.observe(features[verdict.path], len(self.sequence) - 1)
         stats.decode_seconds += time.perf_counter() - self._clock
-        return self._commit([*drafts[:verdict.accepted], verdict.token], logits)
+        return self._commit(verdict.tokens, verdict.rows)
 
-    def _advance_tree(self, logits: np.ndarray, features: np.ndarray | None) -> Chunk:
-        """Walk the tree's rows for the deepest path of the target's own samples, and keep
-        that path in the state (tree_verify says why this writes the serial tokens)."""
-        run, stats, tree = self.run, self.run.stats, self.tree
-        path, verdict = walk_tree(logits, tree, sampler=self.sampler, params=run.params,
-                                  history=self.sequence, n_prompt=len(run.prompt_ids))
-        self.target.commit_tree(self.state, path)
-        stats.target_passes += 1
-        stats.drafted += len(tree)
-        stats.accepted += verdict.accepted
-        stats.tree_passes += 1
-        self.drafter.accepted(len(tree), verdict.accepted)
-        if self.policy is not None:
-            self.policy.record_tree(tree, [row - 1 for row in path[1:]])
-        if features is not None:
-            self.drafter.observe(features[path], len(self.sequence) - 1)
-        stats.decode_seconds += time.perf_counter() - self._clock
-        return self._commit([*verdict.kept, verdict.token], logits[path])
+    def _verdict(self, rows: np.ndarray, drafts: list[int]) -> Verdict:
+        run = self.run
+        return self.verifier.verify(rows, drafts, parents=self.draft_parents,
+                                    sampler=self.sampler, params=run.params,
+                                    history=self.sequence, n_prompt=len(run.prompt_ids),
+                                    transform=self.transform)
 
-    def _commit(self, pending: list[int], rows: np.ndarray) -> Chunk:
+    def _commit(self, pending: list[int], rows: list[np.ndarray]) -> Chunk:
         """Commit `pending` (pending[j] sampled from rows[j]) token by token, up to a stop."""
         run, sequence, output = self.run, self.sequence, self.run.output
         committed, reason = [], None
@@ -344,12 +303,17 @@ class Decoding:
                 reason = "context"
             if reason is not None:
                 return self._finish(committed, reason)
+        if self.constraint is not None and self.constraint.dead(output):
+            return self._finish(committed, "unsatisfiable")
         text = run.stops.new_text(output) if self.stream_text else ""
         return Chunk(tokens=committed, text=text, logprobs=self._logprobs_of(committed))
 
     def _finish(self, committed: list[int], reason: str) -> Chunk:
         run = self.run
         self.finished = True
+        if reason in ("length", "context") and self.constraint is not None and \
+                not self.constraint.complete(run.output):
+            reason = "incomplete"
         text = run.stops.new_text(run.output, final=True) if self.stream_text else ""
         run.final = run.result(reason)
         return Chunk(tokens=committed, text=text, result=run.final,

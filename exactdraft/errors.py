@@ -47,3 +47,8 @@ class BackendError(ExactdraftError, RuntimeError):
 
 class ExactnessError(ExactdraftError, RuntimeError):
     """Drafted output could not be guaranteed to equal serial output (raised in strict mode)."""
+
+
+class ConstraintError(ParameterError):
+    """A constraint (JSON schema, regex, grammar, choices) cannot be used, or a token it forbids
+    was fed to it; the message names the constraint and what is wrong."""

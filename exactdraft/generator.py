@@ -31,14 +31,16 @@ from exactdraft.arguments import (
     is_drafter_factory,
     stops_with_config,
 )
-from exactdraft.decoding import Chunk, Decoding, GenerationResult, GenerationStats, Run
+from exactdraft.constrained import FORCED_WINDOW, matcher_for
+from exactdraft.decoding import Decoding, DecodingSetup
 from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import Drafter
 from exactdraft.errors import ExactnessError, ParameterError
 from exactdraft.guard import check_row_invariance, check_tree_invariance
-from exactdraft.models.target import Target
+from exactdraft.models.target import Pass, Target, capabilities_of, run_pass
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput, encode_prompt
+from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
 from exactdraft.sampling import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FIELDS,
@@ -119,6 +121,8 @@ class Generator:
         self.sampler = sampler or KeyedSampler()
         self.tokenizer = tokenizer
         self.strict = strict
+        self.guard = guard
+        self._forced_note: str | None = None  # the guard's verdict on forced-token passes
         self.prefill_chunk = prefill_chunk
         self.sampling = sampling_from(sampling, SamplingParams(), where="Generator")
         if stop_tokens is None:
@@ -150,7 +154,7 @@ class Generator:
                     shown.phase(f"load-time guard: do {self.max_draft}-node token trees "
                                 "equal single steps?")
                     self.tree_note = check_tree_invariance(target, self.max_draft)
-                elif not getattr(target, "supports_trees", False):
+                elif not capabilities_of(target).verifies_trees:
                     self.tree_note = f"{target!r} cannot verify token trees in one pass"
                 self.trees = self.tree_note is None
             if self.drafting_note is None and adaptive_depth:
@@ -228,7 +232,7 @@ class Generator:
                  sampling: SamplingParams | Mapping[str, Any] | None = None, *,
                  stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
                  drafts: bool = True, max_tokens: int | None = None,
-                 logprobs: int | None = None,
+                 logprobs: int | None = None, constraint: Any = None,
                  temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float | None = None,
@@ -241,7 +245,10 @@ class Generator:
         tokens are the same either way. `logprobs=N` (0..20) puts in `result.logprobs` each
         token's logprob and the N most probable tokens, from the distribution its draw was
         made from (after bias, penalties, temperature and filters; see KeyedSampler.logprobs),
-        the same bits drafted or not.
+        the same bits drafted or not. `constraint` (an exactdraft.Constraint, a JSON schema
+        dict, a pydantic model class, or a list of choices) limits the output to what it allows:
+        its mask enters each draw (SAMPLER.md), the tokens it forces are verified as drafts, and
+        `result.json()` parses a JSON result; logprobs are of the constrained distribution.
 
         Sampling is `sampling` (a SamplingParams, or a dict of its fields), or the fields given
         as keywords (temperature=0.7, top_p=0.9, seed=1, ...), not both; either way, fields not
@@ -255,7 +262,7 @@ class Generator:
         shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
         run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
                            drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
-                           where="generate", **shorthand)
+                           constraint=constraint, where="generate", **shorthand)
         # Only the final text is needed here, so the per-pass incremental decode is skipped.
         for _ in self._chunks(run, stream_text=False):
             pass
@@ -265,6 +272,7 @@ class Generator:
                sampling: SamplingParams | Mapping[str, Any] | None = None, *,
                stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
                drafts: bool = True, max_tokens: int | None = None, logprobs: int | None = None,
+               constraint: Any = None,
                temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
@@ -279,15 +287,15 @@ class Generator:
         shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
         run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
                            drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
-                           where="stream", **shorthand)
+                           constraint=constraint, where="stream", **shorthand)
         return Stream(run, self._chunks(run, stream_text=True))
 
     def prepare(self, prompt: PromptInput, max_new_tokens: int | None = None,
                 sampling: SamplingParams | Mapping[str, Any] | None = None, *,
                 stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
                 drafts: bool = True, max_tokens: int | None = None,
-                logprobs: int | None = None, where: str = "generate",
-                **shorthand: Any) -> Run:
+                logprobs: int | None = None, constraint: Any = None,
+                where: str = "generate", **shorthand: Any) -> Run:
         """A checked request that has not run yet: generate's arguments (sampling fields as
         keywords in `shorthand`), every one checked, the seed resolved. Raises ParameterError
         (TokenizerError for text) naming the argument; nothing runs."""
@@ -317,27 +325,40 @@ class Generator:
                                  f"room in the model's context of {self.target.max_context}")
         stops = StopMatcher(stop, self.stop_tokens if stop_tokens is None else stop_tokens,
                             self.tokenizer, vocab)
-        return Run(prompt_ids, params, stops, limit, bool(drafts), logprobs)
+        matcher = None if constraint is None else \
+            matcher_for(constraint, self.tokenizer, vocab, sorted(stops.tokens))
+        return Run(prompt_ids, params, stops, limit, bool(drafts), logprobs, matcher)
+
+    def decoding_setup(self, run: Run) -> DecodingSetup:
+        """What `run` reads of this Generator (its parts and its guard's decisions)."""
+        forced = self.forced_window() if run.matcher is not None else 0
+        return DecodingSetup(self.target, self.verifier, self.sampler, self.prefill_chunk,
+                             self.drafter, self.drafting_note, self.max_draft, self.trees,
+                             self.depth_policy, forced)
+
+    def forced_window(self) -> int:
+        """How many tokens a constraint forces may be verified in one pass: the drafter's
+        proven window, or (with no drafter) FORCED_WINDOW once the guard has proven a pass of
+        that many rows on first use; 0 where the guard found passes inexact."""
+        if self.drafter is not None:
+            return self.max_draft if self.drafting_enabled else 0
+        if self._forced_note is None:
+            note = check_row_invariance(self.target, FORCED_WINDOW + 1) if self.guard else None
+            self._forced_note = note or ""
+        return 0 if self._forced_note else FORCED_WINDOW
 
     def _chunks(self, run: Run, stream_text: bool) -> Iterator[Chunk]:
         """One sequence, one pass at a time; each step runs under the lock."""
-        decoding = Decoding(self, run, stream_text)
+        decoding = Decoding(self.decoding_setup(run), run, stream_text)
         # A drafter that reads the target's features gets them with every pass's logits.
-        extra = {"features": True} if decoding.wants_features else {}
+        features = decoding.wants_features
         while not decoding.finished:
             with self.lock:
-                tokens = decoding.plan(trees=self.trees)
-                features = None
-                if decoding.parents is not None:
-                    logits = self.target.forward_tree(decoding.state, tokens, decoding.parents,
-                                                      **extra)
-                elif tokens:
-                    logits = self.target.forward(decoding.state, tokens, rows=decoding.rows,
-                                                 **extra)
-                else:
-                    logits = None
-                if extra and logits is not None:
-                    logits, features = logits
-                chunk = decoding.advance(logits, features)
+                if decoding.plan():
+                    rows = run_pass(self.target, Pass([decoding.part()], decoding.rows,
+                                                      features))[0]
+                    chunk = decoding.advance(rows.logits, rows.features)
+                else:  # max_new_tokens 0: nothing to run
+                    chunk = decoding.advance(None)
             if chunk is not None:
                 yield chunk

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.models.target import Target
-from exactdraft.sampling import _mix
+from exactdraft.models.target import Pass, PassSequence, Target, capabilities_of, run_pass
+from exactdraft.sampling import mix64
 
 # target -> {window: verdict}; a verdict lives as long as its target.
 _VERDICTS: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = weakref.WeakKeyDictionary()
@@ -26,7 +26,7 @@ _VERDICTS: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = weakref.WeakK
 
 def probe_tokens(count: int, vocab_size: int, salt: int = 0) -> list[int]:
     """A fixed, spread-out token sequence (not from any global random state)."""
-    return [_mix(salt * 1_000_003 + i) % vocab_size for i in range(count)]
+    return [mix64(salt * 1_000_003 + i) % vocab_size for i in range(count)]
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> str | None:
@@ -106,7 +106,7 @@ def check_tree_invariance(target: Target, nodes: int) -> str | None:
     key = -nodes  # tree verdicts sit beside the window verdicts, keyed apart
     if key in verdicts:
         return verdicts[key]
-    if not getattr(target, "supports_trees", False):
+    if not capabilities_of(target).verifies_trees:
         verdicts[key] = f"{target!r} cannot verify token trees in one pass"
         return verdicts[key]
     depth = (nodes + 1) // 2 + 1
@@ -121,7 +121,7 @@ def check_tree_invariance(target: Target, nodes: int) -> str | None:
     prefix, tree_tokens = tokens[:prefix_length], tokens[prefix_length:]
     state = target.new_state()
     target.forward(state, prefix)
-    rows = target.forward_tree(state, tree_tokens, parents)
+    rows = run_pass(target, Pass([PassSequence(state, tree_tokens, parents)], "all"))[0].logits
     verdict = None
     for first in (1, 2):  # the two chains: rows first, first + 2, first + 4, ...
         path = [0, *range(first, nodes + 1, 2)]

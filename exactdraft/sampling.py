@@ -43,7 +43,7 @@ _MASK = (1 << 64) - 1
 _IRRELEVANT_BELOW = 45.0
 
 
-def _mix(z: int) -> int:
+def mix64(z: int) -> int:
     """splitmix64's finalizer on a Python int, wrapping modulo 2**64."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -58,12 +58,12 @@ def _mix_array(z: np.ndarray) -> np.ndarray:
 
 
 def _position_key(seed: int, pos: int) -> int:
-    return _mix(_mix((seed + _GOLDEN) & _MASK) ^ ((pos * _POSITION_MULTIPLIER) & _MASK))
+    return mix64(mix64((seed + _GOLDEN) & _MASK) ^ ((pos * _POSITION_MULTIPLIER) & _MASK))
 
 
 def noise_key(seed: int, pos: int, token: int) -> int:
     """key(seed, pos, tok) of SAMPLER.md."""
-    return _mix(_position_key(seed, pos) ^ token)
+    return mix64(_position_key(seed, pos) ^ token)
 
 
 def keyed_uniform(seed: int, pos: int, tokens: Any) -> np.ndarray:

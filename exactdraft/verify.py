@@ -1,83 +1,116 @@
-"""The Verifier protocol and ExactVerifier: accept a draft only if it is the target's own sample.
+"""The Verifier protocol and ExactVerifier: keep a draft only if it is the target's own sample.
 
-Invariant: after `verify`, the tokens it reports (the kept drafts, then `token`) are exactly the
-tokens serial decoding writes at those positions, and the target's state holds the committed
-sequence and nothing more. A draft is kept iff it equals the target's keyed sample at its
-position given the drafts before it; the first mismatch is replaced by that sample, and if every
-draft is kept the sample after the last one is the bonus token. Drafts therefore change how many
-target passes a generation takes, never what it writes.
+Invariant: the tokens a verdict reports (the kept drafts, then `token`) are exactly the tokens
+serial decoding writes at those positions. A verifier judges the rows of a pass it is given and
+runs nothing itself. Row 0 is the last committed token's row; row i + 1 belongs to draft i,
+whose parent is row i for a chain, or the row its tree parent gives. The walk starts at row 0,
+draws the target's keyed sample from the row at the row's own position with the row's own path
+as history, and moves to the child that holds that sample, if any. So every kept token is the
+target's sample given the tokens before it, siblings never influence a sample, and a chain is a
+tree whose every node has one child: both go through the same walk.
 
-A pass may also be run before the verifier sees it (by the Generator, or in a pass shared by
-several sequences): ComputedPass hands a verifier those rows as the target's answer to the very
-pass it asks for, so every verifier keeps its protocol and its semantics whoever ran the pass.
+The per-row transform point: before a row is drawn from, `transform(row, history)` may change it
+(a constraint's mask, a user's logits processor). It is a pure function of the row and the
+tokens before the row's position, and it is applied in exactly the same place for a serial step
+(a pass with no drafts) and for every row of a verify pass, so drafts change speed only. The
+rows a verdict reports are the rows as drawn from (transformed), for logprobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from exactdraft.models.target import Rows, Target
+from exactdraft.errors import ParameterError
 from exactdraft.sampling import KeyedSampler, SamplingParams
+
+
+class NothingAllowed(Exception):  # noqa: N818 - a signal between a transform and the walk
+    """Raised by a row transform when no token may follow the history it was given (an
+    unsatisfiable constraint state): the walk ends at the token before that row."""
+
+
+@runtime_checkable
+class RowTransform(Protocol):
+    def __call__(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The float32 row to draw the token at position len(history) from, given the raw row
+        and every token before that position; a pure function of the two. Raises
+        NothingAllowed where no token may come at that position."""
 
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: int  # how many drafts were kept
-    token: int  # the target's own sample after the kept drafts
+    kept: list[int]  # the drafts kept, in order along the path
+    token: int  # the target's own sample after them
+    path: list[int]  # pass rows the committed tokens were drawn from: 0, then each kept draft's
+    rows: list[np.ndarray]  # those rows as drawn from (after the transform), one per path row
+
+    @property
+    def accepted(self) -> int:
+        return len(self.kept)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens to commit: the kept drafts, then the target's token."""
+        return [*self.kept, self.token]
 
 
 @runtime_checkable
 class Verifier(Protocol):
-    def verify(self, target: Target, state: Any, drafts: Sequence[int], *,
-               sampler: KeyedSampler, params: SamplingParams, history: Sequence[int],
-               n_prompt: int) -> Verdict:
-        """Run the target over [history[-1], *drafts] (the target's state holds history[:-1]),
-        decide, and truncate the state to the committed prefix."""
+    def verify(self, rows: np.ndarray, drafts: Sequence[int], *,
+               parents: Sequence[int] | None = None, sampler: KeyedSampler,
+               params: SamplingParams, history: Sequence[int], n_prompt: int,
+               transform: RowTransform | None = None) -> Verdict:
+        """Judge the rows of a pass over [history[-1], *drafts]: rows[0] belongs to
+        history[-1], rows[i + 1] to drafts[i]; `parents[i]` is draft i's parent draft (-1:
+        under history[-1]), None for a chain. `history` is the committed sequence."""
+
+
+def tree_rows(last_token: int, drafts: Sequence[int],
+              parents: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """The pass's tokens and each row's parent row: row 0 the last committed token, row i + 1
+    draft i (under row parents[i] + 1; for a chain, under row i)."""
+    parents = range(-1, len(drafts) - 1) if parents is None else parents
+    if len(parents) != len(drafts):
+        raise ParameterError(f"{len(drafts)} drafts need as many parents, got {len(parents)}")
+    return [int(last_token), *drafts], [-1, *(int(parent) + 1 for parent in parents)]
 
 
 class ExactVerifier:
-    """Accept-while-equal verification against the target's keyed samples."""
+    """Accept-while-equal verification against the target's keyed samples (module docstring)."""
 
-    def verify(self, target: Target, state: Any, drafts: Sequence[int], *,
-               sampler: KeyedSampler, params: SamplingParams, history: Sequence[int],
-               n_prompt: int) -> Verdict:
-        start = len(history) - 1
-        rows = target.forward(state, [history[-1], *drafts], rows="all" if drafts else "last")
-        samples = sampler.sample_window(rows, params, pos=len(history), history=history,
-                                        n_prompt=n_prompt, drafts=drafts)
-        accepted = len(samples) - 1
-        target.truncate(state, start + 1 + accepted)
-        return Verdict(accepted=accepted, token=samples[-1])
-
-
-class ComputedPass:
-    """A view of `target` whose `forward` returns rows a pass has already computed.
-
-    `tokens` were appended to the state by that pass and `logits` holds its rows: every row
-    when `all_rows`, else the last row only. A verifier asking for any other pass, or for rows
-    the pass did not keep, gets a ValueError instead of rows that belong to something else.
-    Everything but `forward` (truncate, vocab_size, ...) is the target's own."""
-
-    def __init__(self, target: Target, tokens: Sequence[int], logits: np.ndarray,
-                 all_rows: bool) -> None:
-        self.target = target
-        self.tokens = list(tokens)
-        self.logits = logits  # [len(tokens) or 1, vocab] float32
-        self.all_rows = all_rows
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.target, name)
-
-    def forward(self, state: Any, tokens: Sequence[int], rows: Rows = "last") -> np.ndarray:
-        if list(tokens) != self.tokens:
-            raise ValueError(f"the verifier asked for a pass over {list(tokens)}, but the pass "
-                             f"that ran appended {self.tokens}")
-        if rows == "last":
-            return self.logits[-1:]
-        if not self.all_rows and len(self.tokens) > 1:
-            raise ValueError("the verifier asked for every row of a pass that kept the last row")
-        return self.logits
+    def verify(self, rows: np.ndarray, drafts: Sequence[int], *,
+               parents: Sequence[int] | None = None, sampler: KeyedSampler,
+               params: SamplingParams, history: Sequence[int], n_prompt: int,
+               transform: RowTransform | None = None) -> Verdict:
+        tokens, row_parents = tree_rows(history[-1], drafts, parents)
+        if len(rows) < (len(tokens) if drafts else 1):
+            raise ValueError(f"a pass over {len(tokens)} tokens needs as many rows, got "
+                             f"{len(rows)}")
+        children: dict[int, dict[int, int]] = {}
+        for row in range(1, len(tokens)):
+            # Of two siblings with the same token the first listed is taken; both would be kept
+            # alike, so the choice changes no token.
+            children.setdefault(row_parents[row], {}).setdefault(tokens[row], row)
+        path, kept, drawn, past, row = [0], [], [], list(history), 0
+        while True:
+            try:
+                x = rows[row] if transform is None else transform(rows[row], past)
+            except NothingAllowed:
+                if not kept:  # the committed sequence itself allows nothing: not a pass to judge
+                    raise
+                # The last kept draft was the target's sample; nothing may follow it, so it is
+                # this pass's token, as it would be in a serial step.
+                return Verdict(kept=kept[:-1], token=kept[-1], path=path[:-1], rows=drawn)
+            drawn.append(x)
+            token = sampler.sample(x, params, pos=len(past), history=past, n_prompt=n_prompt)
+            child = children.get(row, {}).get(token)
+            if child is None:
+                return Verdict(kept=kept, token=token, path=path, rows=drawn)
+            kept.append(token)
+            past.append(token)
+            path.append(child)
+            row = child

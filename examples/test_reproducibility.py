@@ -2,8 +2,9 @@
 
     pytest examples/test_reproducibility.py
 
-In a real project, commit the recording file and drop the recording fixture: the test then fails
-the day a dependency, kernel or setting changes a single sampled token.
+The venv scripts/demo.sh makes has pytest; elsewhere `pip install pytest` first. In a real
+project, commit the recording file and drop the recording fixture: the test then fails the day
+a dependency, kernel or setting changes a single sampled token.
 """
 
 import pytest

@@ -35,6 +35,11 @@ class _RowKeepingSampler:
         self._sampler = sampler
         self._rows = rows
 
+    def sample(self, row: Any, params: Any, *, pos: int, **options: Any) -> int:
+        token = self._sampler.sample(row, params, pos=pos, **options)
+        self._rows[pos] = np.array(np.asarray(row), copy=True)
+        return token
+
     def sample_window(self, rows: Any, params: Any, *, pos: int, **options: Any) -> list[int]:
         samples = self._sampler.sample_window(rows, params, pos=pos, **options)
         for j in range(len(samples)):
@@ -52,9 +57,8 @@ class RowRecorder:
         self.verifier = verifier
         self.rows: dict[int, np.ndarray] = {}
 
-    def verify(self, target: Any, state: Any, drafts: Any, *, sampler: Any,
-               **options: Any) -> Any:
-        return self.verifier.verify(target, state, drafts,
+    def verify(self, rows: Any, drafts: Any, *, sampler: Any, **options: Any) -> Any:
+        return self.verifier.verify(rows, drafts,
                                     sampler=_RowKeepingSampler(sampler, self.rows), **options)
 
 

@@ -25,7 +25,7 @@ from exactdraft.drafting import (
     TOO_MANY,
     CheckedDrafter,
 )
-from exactdraft.sampling import KeyedSampler
+from exactdraft.models.target import Pass, PassSequence, run_pass
 from tests.exactness import ExactnessCheck, OracleDrafter
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -163,14 +163,11 @@ def test_checked_drafter_keeps_the_valid_prefix():
 
 
 def test_negative_control_an_unchecked_out_of_vocabulary_draft_aborts_the_pass(target):
-    generator = xd.Generator(target, stop_tokens=[])
     state = target.new_state()
     target.forward(state, PROMPT[:-1])
+    verify_pass = Pass([PassSequence(state, [PROMPT[-1], target.vocab_size + 7])], "all")
     with pytest.raises(xd.ParameterError, match=str(target.vocab_size + 7)):
-        generator.verifier.verify(target, state, [target.vocab_size + 7],
-                                  sampler=KeyedSampler(),
-                                  params=xd.SamplingParams(temperature=0.0), history=PROMPT,
-                                  n_prompt=len(PROMPT))
+        run_pass(target, verify_pass)
 
 
 class _no_warning:

@@ -46,22 +46,30 @@ class TorchBackend(WithoutFusedLayers, WithoutTreeAttention):
 
     name = "torch"
 
+    default_device = "cpu"
+    default_dtype = "float32"
+
     def __init__(self, device: str | None = None, dtype: str | None = None,
                  key_block: int = 256) -> None:
         torch = _torch()
-        self.device = device or "cpu"
+        self.device = device or self.default_device
+        self.dtype = dtype or self.default_dtype
+        if self.dtype not in _TORCH_DTYPES:
+            raise BackendError(f"unsupported dtype {self.dtype!r} for the {self!r} backend; "
+                               f"supported: {', '.join(_TORCH_DTYPES)}")
+        self.torch_dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
+        self.torch_device = self.checked_device(torch)
+        self.key_block = key_block
+        # MKL's bits for a padded row count, re-checked by the guard on every machine.
+        self.arithmetic = f"torch-padded-cpu-{torch.__version__}-{self.dtype}"
+
+    def checked_device(self, torch: Any) -> Any:
+        """The torch device for self.device, or a BackendError saying which are supported."""
         if self.device != "cpu":
             raise BackendError(
                 f"torch backend device {self.device!r} is not supported yet; supported: cpu"
             )
-        self.dtype = dtype or "float32"
-        if self.dtype not in _TORCH_DTYPES:
-            raise BackendError(f"unsupported dtype {self.dtype!r} for the torch backend")
-        self.torch_dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
-        self.torch_device = torch.device("cpu")
-        self.key_block = key_block
-        # MKL's bits for a padded row count, re-checked by the guard on every machine.
-        self.arithmetic = f"torch-padded-cpu-{torch.__version__}-{self.dtype}"
+        return torch.device("cpu")
 
     def __repr__(self) -> str:
         return f"TorchBackend(device={self.device!r}, dtype={self.dtype!r})"

@@ -23,8 +23,6 @@ import numpy as np
 from exactdraft.backends.base import BackendError, dense_matrix
 from exactdraft.backends.torch_backend import TorchBackend
 
-_TORCH_DTYPES = ("float32", "bfloat16", "float16")
-
 
 def _torch():
     import torch
@@ -38,16 +36,32 @@ class TorchCudaBackend(TorchBackend):
 
     name = "torch"
 
+    default_device = "cuda"
+    default_dtype = "bfloat16"
+
     def __init__(self, device: str | None = None, dtype: str | None = None,
                  key_block: int | None = None, dot: str = "auto") -> None:
-        # Sets everything TorchBackend's shared ops read (device, dtype, key_block) itself:
-        # TorchBackend's own constructor accepts only the CPU.
         torch = _torch()
-        self.device = device or "cuda"
-        self.dtype = dtype or "bfloat16"
-        if self.dtype not in _TORCH_DTYPES:
-            raise BackendError(f"unsupported dtype {self.dtype!r} for the torch cuda backend; "
-                               f"supported: {', '.join(_TORCH_DTYPES)}")
+        try:
+            from exactdraft.kernels.triton import attention, launch, matmul, norm
+        except ImportError as error:
+            raise BackendError(
+                f"the torch backend on {device or self.default_device!r} needs the 'triton' "
+                f"package ({error}); install it with: pip install triton"
+            ) from error
+        if dot not in launch.DOT_MODES:
+            raise BackendError(f"unknown dot mode {dot!r}; known: {', '.join(launch.DOT_MODES)}")
+        self._attention, self._matmul, self._norm, self._launch = attention, matmul, norm, launch
+        # KV buffers grow in whole attention chunks; any capacity would be correct, since the
+        # kernel masks by position, but whole chunks keep reads of a row's last chunk in bounds.
+        super().__init__(device, dtype, key_block or attention.CHUNK)
+        self.dot = dot
+        # Row invariance holds per device family; bits may differ between GPU models.
+        where = torch.cuda.get_device_name(self.torch_device) \
+            if self.torch_device.type == "cuda" else "interpreter"
+        self.arithmetic = f"triton-{where}-{self.dtype}-{dot}"
+
+    def checked_device(self, torch: Any) -> Any:
         try:
             torch_device = torch.device(self.device)
         except RuntimeError as error:
@@ -57,31 +71,13 @@ class TorchCudaBackend(TorchBackend):
         if torch_device.type not in ("cuda", "cpu"):
             raise BackendError(f"torch cuda backend device {self.device!r} is not supported; "
                                "supported: cuda, cuda:N, cpu (Triton interpreter)")
-        try:
-            from exactdraft.kernels.triton import attention, launch, matmul, norm
-        except ImportError as error:
-            raise BackendError(
-                f"the torch backend on {self.device!r} needs the 'triton' package ({error}); "
-                "install it with: pip install triton"
-            ) from error
-        if torch_device.type == "cpu" and not launch.interpreted(matmul._matmul_kernel):
+        if torch_device.type == "cpu" and \
+                not self._launch.interpreted(self._matmul._matmul_kernel):
             raise BackendError(
                 "the Triton kernels run on CPU tensors only under Triton's interpreter: set "
                 "TRITON_INTERPRET=1 in the environment before triton is first imported"
             )
-        if dot not in launch.DOT_MODES:
-            raise BackendError(f"unknown dot mode {dot!r}; known: {', '.join(launch.DOT_MODES)}")
-        self._attention, self._matmul, self._norm = attention, matmul, norm
-        self.torch_device = torch_device
-        self.torch_dtype = getattr(torch, self.dtype)
-        self.dot = dot
-        # KV buffers grow in whole attention chunks; any capacity would be correct, since the
-        # kernel masks by position, but whole chunks keep reads of a row's last chunk in bounds.
-        self.key_block = key_block or attention.CHUNK
-        # Row invariance holds per device family; bits may differ between GPU models.
-        where = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" \
-            else "interpreter"
-        self.arithmetic = f"triton-{where}-{self.dtype}-{dot}"
+        return torch_device
 
     def __repr__(self) -> str:
         return f"TorchCudaBackend(device={self.device!r}, dtype={self.dtype!r})"

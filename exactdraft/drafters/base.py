@@ -108,6 +108,13 @@ class DraftContext:
 
 @runtime_checkable
 class Drafter(Protocol):
+    """Required: max_draft, begin, propose, accepted. Optional declarations, read with their
+    defaults by exactdraft.drafting.CheckedDrafter and the engine: `tree_width` (1: chains
+    only), `wants_features` (False; then `observe(rows, start)` receives the target's final
+    hidden rows), `sources` and `source(sequence)` (1: one depth policy), `vocab_size` (the
+    target's), `copies_per_sequence` (False: the engine shares one instance among sequences
+    in turn; True: its state is plain data and each sequence drafts with its own copy)."""
+
     max_draft: int
 
     def begin(self, prompt: Sequence[int], context: DraftContext) -> None:

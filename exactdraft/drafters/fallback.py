@@ -70,6 +70,12 @@ class FallbackDrafter:
         return f"FallbackDrafter({', '.join(repr(drafter) for drafter in self.drafters)})"
 
     @property
+    def copies_per_sequence(self) -> bool:
+        """Copyable per sequence when every drafter in it is."""
+        return all(getattr(drafter, "copies_per_sequence", False) is True
+                   for drafter in self.drafters)
+
+    @property
     def sources(self) -> int:
         return len(self.drafters)
 

@@ -50,6 +50,7 @@ from exactdraft.drafters.head_model import (
 from exactdraft.errors import CheckpointError, ParameterError
 from exactdraft.formats import QuantizedTensor
 from exactdraft.models.cache import KVCache
+from exactdraft.models.target import capabilities_of
 
 # The head's guess is its keyed draw among its this many most probable tokens (the rest of
 # its mass rarely holds the target's sample, and the draw's work grows with the candidates).
@@ -177,7 +178,7 @@ class DraftHead:
         if weights_format not in FORMATS:
             raise ParameterError(f"weights_format must be one of {FORMATS}, got "
                                  f"{weights_format!r}")
-        if not getattr(target, "returns_features", False):
+        if not capabilities_of(target).returns_features:
             raise ParameterError(f"{target!r} cannot return its features (DecoderModel and "
                                  "HybridModel can); a draft head needs them")
         c = weights.config

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import CheckpointError
+from exactdraft.models.target import capabilities_of
 
 FORMAT = "exactdraft-draft-head"
 VERSION = 1
@@ -81,8 +82,7 @@ class HeadConfig:
 
 def layer_of(target: Any) -> Any:
     """What a head copies from its target: hidden_size, heads, head_dim, MLP size, eps, rope."""
-    shape = getattr(target, "head_shape", None)
-    return shape if shape is not None else target.config
+    return target.head_shape if capabilities_of(target).describes_head_layer else target.config
 
 
 @dataclass

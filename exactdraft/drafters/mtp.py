@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactdraft.drafters.base import DraftContext
+from exactdraft.models.target import capabilities_of
 
 MAX_DEPTH = 3
 _DECAY = 0.9
@@ -39,7 +40,7 @@ class MTPDrafter:
             raise ValueError(f"adaptive must be True or False, got {adaptive!r}")
         if not 0.0 <= min_acceptance < 1.0:
             raise ValueError(f"min_acceptance must lie in [0, 1), got {min_acceptance!r}")
-        head = getattr(target, "mtp", None)
+        head = target.mtp if capabilities_of(target).carries_mtp else None
         if head is None:
             raise ValueError(f"{target!r} has no multi-token-prediction layers (a checkpoint "
                              "with mtp.* tensors, such as Qwen3-Next or Qwen3.5, has them)")

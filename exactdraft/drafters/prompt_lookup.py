@@ -26,6 +26,9 @@ class PromptLookup:
     per node, the most frequent first (the latest occurrence's continuation is its first path).
     """
 
+    # Its whole state is plain data: the engine drafts each sequence with its own copy.
+    copies_per_sequence = True
+
     def __init__(self, max_draft: int = 8, min_match: int = 2, max_match: int = 8,
                  tree_width: int = 1) -> None:
         if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1:

@@ -65,6 +65,9 @@ class _Document:
 class SuffixDrafter:
     """Suffix-match drafter over prompt, output and earlier outputs (no model needed)."""
 
+    # Its whole state is plain data: the engine drafts each sequence with its own copy.
+    copies_per_sequence = True
+
     def __init__(self, max_draft: int = 8, *, max_match: int = 32, min_match: int = 2,
                  speculation_factor: float = 1.0, min_probability: float = 0.1,
                  max_stored_tokens: int = 1 << 16, max_candidates: int = 64,

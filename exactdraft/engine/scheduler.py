@@ -32,24 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.decoding import Chunk, Decoding, GenerationResult
-from exactdraft.drafters.fallback import FallbackDrafter
-from exactdraft.drafters.prompt_lookup import PromptLookup
-from exactdraft.drafters.suffix import SuffixDrafter
+from exactdraft.decoding import Decoding
 from exactdraft.engine.prefix_cache import Block, PrefixCache
 from exactdraft.engine.submission import QueueFull, Submission, sample_seed
 from exactdraft.errors import ParameterError
 from exactdraft.generator import Generator
+from exactdraft.models.target import Pass, PassRows, capabilities_of, run_pass
 from exactdraft.prompts import PromptInput
-
-# Drafters whose whole state is plain data: each sequence drafts with its own copy.
-_COPYABLE_DRAFTERS = (PromptLookup, SuffixDrafter)
-
-
-def _copyable(drafter: object) -> bool:
-    if isinstance(drafter, FallbackDrafter):
-        return all(_copyable(child) for child in drafter.drafters)
-    return isinstance(drafter, _COPYABLE_DRAFTERS)
+from exactdraft.results import Chunk, GenerationResult
 
 
 @dataclass
@@ -92,9 +82,9 @@ class Engine:
         self.max_pass_tokens = max_pass_tokens or generator.prefill_chunk
         self.max_waiting = max_waiting
         # Declared capabilities of the target, read once (never probed by calling).
-        self.batched = bool(getattr(self.target, "batches_sequences", False))
-        self.prefix_cache = prefix_cache if getattr(self.target, "kv_prefixes", False) \
-            else None
+        can = capabilities_of(self.target)
+        self.batched = can.batches_sequences
+        self.prefix_cache = prefix_cache if can.kv_prefixes else None
         self.stats = EngineStats()
         self._waiting: deque[Submission] = deque()
         self._running: list[_Sample] = []
@@ -217,15 +207,16 @@ class Engine:
                 target.import_kv(state, *(_along_positions(arrays) for arrays in stack))
         drafter, shared = None, False
         if generator.drafter is not None and run.use_drafts:
-            if _copyable(generator.drafter):
+            # A drafter whose state is plain data declares it (copies_per_sequence).
+            if getattr(generator.drafter, "copies_per_sequence", False) is True:
                 drafter = copy.deepcopy(generator.drafter)
             elif not self._shared_drafter_busy:
                 self._shared_drafter_busy = shared = True
             else:  # a drafter with a model serves one sequence at a time: speed only
                 run.use_drafts = False
         # A shared pass's time is not this sample's: its policy keeps the measured costs.
-        decoding = Decoding(generator, run, stream_text=True, state=state, drafter=drafter,
-                            timed_passes=False)
+        decoding = Decoding(generator.decoding_setup(run), run, stream_text=True, state=state,
+                            drafter=drafter, timed_passes=False)
         return _Sample(submission, index, decoding, blocks, shared)
 
     def _step(self) -> None:
@@ -249,8 +240,7 @@ class Engine:
         mixed = bool(planned)
         decoders = [s for s in group if not s.decoding.prefilling]
         for sample in decoders:  # trees where the Generator verifies them (its guard ran)
-            planned.append((sample, sample.decoding.plan(drafts=not mixed,
-                                                         trees=self.generator.trees)))
+            planned.append((sample, sample.decoding.plan(drafts=not mixed)))
         self.stats.mixed_passes += bool(mixed and decoders)
         passing = [(s, t) for s, t in planned if t]
         try:
@@ -259,30 +249,22 @@ class Engine:
             for sample, _ in passing:
                 self._fail(sample, error)
             return
-        results = [(s, (None, None)) for s, t in planned if not t] + \
-            list(zip([s for s, _ in passing], rows))
-        for sample, (logits, features) in results:
-            self._advance(sample, logits, features)
+        for sample, tokens in planned:
+            if not tokens:
+                self._advance(sample, None)
+        for (sample, _), out in zip(passing, rows):
+            self._advance(sample, out.logits, out.features)
 
-    def _forward(self, passing: list[tuple[_Sample, list[int]]], rows: str) -> list[Any]:
-        """Each passing sample's (logits, features), features None unless a sample's drafter
-        reads the target's features (then every sample gets its own)."""
-        states = [s.decoding.state for s, _ in passing]
-        tokens = [t for _, t in passing]
+    def _forward(self, passing: list[tuple[_Sample, list[int]]], rows: str) -> list[PassRows]:
+        """Each passing sample's rows (with features when any sample's drafter reads them:
+        then every sample gets its own)."""
         self.stats.passes += 1
-        self.stats.rows += sum(len(t) for t in tokens)
-        self.stats.sequences_per_pass.append(len(tokens))
+        self.stats.rows += sum(len(t) for _, t in passing)
+        self.stats.sequences_per_pass.append(len(passing))
         # Only targets that declare returns_features are asked for them (Decoding checks).
         features = any(s.decoding.wants_features for s, _ in passing)
-        options: dict[str, Any] = {"features": True} if features else {}
-        parents = [s.decoding.parents for s, _ in passing]
-        if any(tree is not None for tree in parents):  # rows are "all": no prompt chunks
-            options["parents"] = parents
-        if len(passing) == 1 and "parents" not in options:
-            out = self.target.forward(states[0], tokens[0], rows=rows, **options)
-            return [out if features else (out, None)]
-        out = self.target.forward_batch(states, tokens, rows=rows, **options)
-        return list(zip(*out)) if features else [(logits, None) for logits in out]
+        return run_pass(self.target, Pass([s.decoding.part() for s, _ in passing], rows,
+                                          features))
 
     def _advance(self, sample: _Sample, logits: Any, features: Any = None) -> None:
         decoding = sample.decoding

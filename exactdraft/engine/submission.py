@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from exactdraft.decoding import Chunk, GenerationResult, Run
 from exactdraft.errors import ExactdraftError
+from exactdraft.results import Chunk, GenerationResult, Run
 from exactdraft.sampling import noise_key
 
 # A position no token ever reaches, so a derived seed is no one's noise key at a real position.

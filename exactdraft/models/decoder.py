@@ -36,7 +36,7 @@ from exactdraft.models.blocks import (
 )
 from exactdraft.models.cache import KVCache
 from exactdraft.models.config import DecoderConfig
-from exactdraft.models.target import Rows
+from exactdraft.models.target import Capabilities, Rows
 from exactdraft.models.token_tree import check_path, path_moves, tree_rows
 
 
@@ -385,7 +385,13 @@ class DecoderModel:
         state.tree = None
         state.cache.truncate(base + len(path))
 
-    # -- declared capabilities for serving (exactdraft.engine) ------------------------------
+    # -- declared capabilities (exactdraft.models.target.Capabilities) -----------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(batches_sequences=self.batches_sequences,
+                            kv_prefixes=self.kv_prefixes, verifies_trees=self.supports_trees,
+                            returns_features=self.returns_features)
 
     # forward_batch gives every row the bits of its sequence alone (tests/models/test_batched).
     batches_sequences = True

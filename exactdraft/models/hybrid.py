@@ -31,7 +31,7 @@ from exactdraft.models.cache import KVCache
 from exactdraft.models.decoder import embedding_rows, final_rows, output_rows
 from exactdraft.models.mixers import PassContext, SequencePass
 from exactdraft.models.recurrent import HybridState
-from exactdraft.models.target import Rows
+from exactdraft.models.target import Capabilities, Rows
 
 ROLLBACK_WINDOW = 32  # positions whose recurrent state is kept for rollback
 REPLAY_CHUNK = 512  # rows per pass when truncation replays tokens
@@ -214,6 +214,15 @@ class HybridModel:
 
     # forward(..., features=True) returns each appended row's final hidden state.
     returns_features = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # forward_batch gives every row the bits of its sequence alone; truncate restores the
+        # recurrent state; no tree passes and no KV-only prefixes (the state is more than KV).
+        return Capabilities(batches_sequences=True, returns_features=True,
+                            rolls_back_recurrent=True,
+                            describes_head_layer=self.trunk.head_shape is not None,
+                            carries_mtp=self.mtp is not None)
 
     @property
     def head_shape(self) -> HeadShape:

@@ -4,7 +4,8 @@ Invariant: a message (whole or streamed) carries exactly what the engine committ
 the stop reason (end_turn for a stop token, stop_sequence with the string that matched,
 max_tokens for the length or context limit), the token counts and, as exactdraft's extension,
 the receipt (in the message, and in the stream's message_delta event). Streamed text deltas
-concatenate to the whole message's text. Extensions in a request: `min_p`,
+concatenate to the whole message's text; with tools (server/tools.py) the call markup comes out
+as `tool_use` blocks instead, whole or streamed alike. Extensions in a request: `min_p`,
 `repetition_penalty`, `seed` and `drafts` (false: serial decoding).
 """
 
@@ -14,6 +15,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_replies as tool_replies
+import exactdraft.server.tools as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.server.fields import (
     RequestError,
@@ -30,7 +33,7 @@ from exactdraft.server.service import Service
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
-UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
+UNSUPPORTED = ("mcp_servers", "container")
 
 
 def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
@@ -57,8 +60,15 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         conversation = [m for m in conversation
                         if not (isinstance(m, dict) and m.get("role") == "system")]
     system_text = "\n\n".join(text for text in systems if text) or None
-    return Wanted(prompt=chat_messages(conversation, system=system_text),
-                  max_tokens=max_tokens,
+    request = tools.anthropic_tools(body, getattr(service.tokenizer, "chat_template", None))
+    if request is not None or tools.uses_tools(conversation):
+        prompt: Any = tools.prompt_ids(
+            service, tools.anthropic_history(conversation, system_text), request)
+    else:
+        prompt = chat_messages(conversation, system=system_text)
+    return Wanted(prompt=prompt, max_tokens=max_tokens,
+                  tools=request if request is not None and request.active else None,
+                  constraint_grammar=tools.constraint_for(request),
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
@@ -70,6 +80,12 @@ class Reply:
         self.service, self.wanted, self.prompt_ids = service, wanted, prompt_ids
         self.id = "msg_" + uuid.uuid4().hex
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
+        self.call_prefix = f"toolu_{self.id[-24:]}_"
+        self.blocks = None if wanted.tools is None else \
+            tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
+
+    def _tool_stop(self, reason: str, called: bool) -> str:
+        return "tool_use" if called and reason == "end_turn" else reason
 
     def _stop(self, result: GenerationResult) -> tuple[str, str | None]:
         if result.finish_reason == "stop":
@@ -93,13 +109,22 @@ class Reply:
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]
-        message = self._message([{"type": "text", "text": result.text or ""}],
-                                len(result.tokens))
-        message["stop_reason"], message["stop_sequence"] = self._stop(result)
+        if self.wanted.tools is not None:
+            blocks = tool_replies.anthropic_blocks(self.wanted.tools, result.text or "",
+                                            self.call_prefix)
+        else:
+            blocks = [{"type": "text", "text": result.text or ""}]
+        message = self._message(blocks, len(result.tokens))
+        reason, message["stop_sequence"] = self._stop(result)
+        message["stop_reason"] = self._tool_stop(
+            reason, any(b["type"] == "tool_use" for b in blocks))
         message["receipt"] = self.service.receipt(result)
         return message
 
     def start_events(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.blocks is not None:  # with tools, blocks open as text and calls come
+            return [("message_start", {"type": "message_start", "message": self._message([], 0)}),
+                    ("ping", {"type": "ping"})]
         return [("message_start", {"type": "message_start", "message": self._message([], 0)}),
                 ("content_block_start", {"type": "content_block_start", "index": 0,
                                          "content_block": {"type": "text", "text": ""}}),
@@ -107,15 +132,20 @@ class Reply:
 
     def chunk_events(self, chunk: Chunk) -> list[tuple[str, dict[str, Any]]]:
         events = []
-        if chunk.text:
+        if self.blocks is not None:
+            events += self.blocks.events(chunk.text, chunk.result is not None)
+        elif chunk.text:
             events.append(("content_block_delta", {
                 "type": "content_block_delta", "index": 0,
                 "delta": {"type": "text_delta", "text": chunk.text}}))
         result = chunk.result
         if result is not None:
             reason, sequence = self._stop(result)
-            events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                       ("message_delta", {"type": "message_delta",
+            if self.blocks is None:
+                events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            else:
+                reason = self._tool_stop(reason, self.blocks.called)
+            events += [("message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": reason,
                                                     "stop_sequence": sequence},
                                           "usage": {"output_tokens": len(result.tokens)},

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.sampling import TokenLogprob
-from exactdraft.server.fields import RequestError, Wanted, integer, typed
+from exactdraft.server.fields import RequestError, Wanted, integer, refuse_unsupported, typed
 from exactdraft.server.openai_api import common
 from exactdraft.server.service import Service
 
@@ -29,6 +29,7 @@ FILTERED_LOGPROB = -9999.0  # a prompt token the sampling filters drop (logprob 
 def completion_request(body: Mapping[str, Any],
                        service: Service) -> tuple[list[Any], Wanted, bool]:
     """(the prompts, what each asks for, echo); `wanted.prompt` is the first prompt."""
+    refuse_unsupported(body, ("tools", "tool_choice"))  # a completion has no chat to call from
     prompts = prompt_list(body.get("prompt"))
     wanted = common(body, service, prompts[0])
     if wanted.max_tokens is None:

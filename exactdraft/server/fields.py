@@ -44,6 +44,10 @@ class Wanted:
     drafts: bool = True
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields given
     include_usage: bool = False
+    tools: Any = None  # a server.tools.ToolRequest when the output is read for tool calls
+    # The Lark grammar the output must follow (server.tools.constraint_for), for the engine's
+    # constraint support; None: free output.
+    constraint_grammar: str | None = None
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -5,7 +5,8 @@ choice: its text, its finish reason, its logprobs (the token, its logprob and th
 alternatives from the distribution the draw was made from) and its receipt; a streamed choice's
 deltas concatenate to the whole response's text. Fields beyond OpenAI's are exactdraft's
 extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
-request, `receipt` on each finished choice.
+request, `receipt` on each finished choice. With tools (server/tools.py), the call markup in a
+choice's text comes out as its `tool_calls` instead of content, whole or streamed alike.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_replies as tool_replies
+import exactdraft.server.tools as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.sampling import TokenLogprob
 from exactdraft.server.fields import (
@@ -35,7 +38,7 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "logit_bias": "logit_bias", "seed": "seed"}
 # `prediction` (predicted output) is accepted and ignored: it could change speed only.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "suffix")
+UNSUPPORTED = ("functions", "function_call", "audio", "suffix")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 
 
@@ -61,7 +64,15 @@ def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
 
 
 def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
-    wanted = common(body, service, chat_messages(body.get("messages")))
+    wanted = common(body, service, None)
+    request = tools.openai_tools(body, getattr(service.tokenizer, "chat_template", None))
+    if request is not None or tools.uses_tools(body.get("messages")):
+        wanted.prompt = tools.prompt_ids(service, tools.openai_history(body.get("messages")),
+                                         request)
+        wanted.tools = request if request is not None and request.active else None
+        wanted.constraint_grammar = tools.constraint_for(request)
+    else:
+        wanted.prompt = chat_messages(body.get("messages"))
     if typed(body, "logprobs", (bool,), "true or false", False):
         wanted.logprobs = top_logprobs(body, "top_logprobs")
     elif body.get("top_logprobs") is not None:
@@ -79,6 +90,15 @@ class Reply:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
+        self.splitters: dict[int, Any] = {}  # choice -> tool-call splitter, when streaming
+        self.called: set[int] = set()  # choices that made tool calls
+
+    def _call_prefix(self, index: int) -> str:
+        return f"call_{self.id[-24:]}_{index}_"
+
+    def _finish(self, index: int, result: GenerationResult) -> str:
+        reason = FINISH[result.finish_reason]
+        return "tool_calls" if reason == "stop" and index in self.called else reason
 
     def head(self) -> dict[str, Any]:
         """The fields every response of this reply starts with."""
@@ -97,12 +117,17 @@ class Reply:
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         choices = []
         for index, result in enumerate(results):
-            choice: dict[str, Any] = {"index": index,
-                                      "finish_reason": FINISH[result.finish_reason]}
-            if self.chat:
+            choice: dict[str, Any] = {"index": index}
+            if self.chat and self.wanted.tools is not None:
+                choice["message"] = tool_replies.openai_message(
+                    self.wanted.tools, result.text or "", self._call_prefix(index))
+                if choice["message"].get("tool_calls"):
+                    self.called.add(index)
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text or ""}
             else:
                 choice["text"] = result.text or ""
+            choice["finish_reason"] = self._finish(index, result)
             choice["logprobs"] = self.logprobs(result.logprobs, 0)
             choice["receipt"] = self.service.receipt(result)
             choices.append(choice)
@@ -115,13 +140,23 @@ class Reply:
                                                                             offset)}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            if chunk.text or first:
-                delta["content"] = chunk.text
+            text = chunk.text
+            if self.wanted.tools is not None:  # calls come out of the text as tool_calls
+                if index not in self.splitters:
+                    self.splitters[index] = self.wanted.tools.splitter(self._call_prefix(index))
+                splitter = self.splitters[index]
+                events = splitter.feed(text) + (splitter.finish() if chunk.result else [])
+                text, calls = tool_replies.openai_delta(events)
+                if calls:
+                    delta["tool_calls"] = calls
+                    self.called.add(index)
+            if text or first:
+                delta["content"] = text
             choice["delta"] = delta
         else:
             choice["text"] = chunk.text
         result = chunk.result
-        choice["finish_reason"] = None if result is None else FINISH[result.finish_reason]
+        choice["finish_reason"] = None if result is None else self._finish(index, result)
         if result is not None:
             choice["receipt"] = self.service.receipt(result)
         name = "chat.completion.chunk" if self.chat else "text_completion"

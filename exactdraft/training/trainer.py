@@ -32,6 +32,7 @@ import exactdraft.training.corpus as corpus
 import exactdraft.training.torch_head as torch_head
 from exactdraft.drafters.head_model import HeadConfig, HeadWeights
 from exactdraft.errors import ParameterError
+from exactdraft.models.target import capabilities_of
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 PROGRESS_FILE = "progress.json"
@@ -115,7 +116,7 @@ def train_draft_head(generator: Any, out: str | os.PathLike[str],
     if not isinstance(generator, Generator):
         generator = Generator(generator)
     target = generator.target
-    if not getattr(target, "returns_features", False):
+    if not capabilities_of(target).returns_features:
         raise ParameterError(f"{target!r} cannot return its features; a draft head needs them")
     folder = os.fspath(out)
     os.makedirs(folder, exist_ok=True)

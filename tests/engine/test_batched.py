@@ -13,6 +13,7 @@ import pytest
 
 import exactdraft as xd
 from exactdraft.engine import Engine, sample_seed
+from exactdraft.models.target import capabilities_of
 from tests.conftest import VARIANTS
 from tests.engine.rows import ContextRows, row_differences
 from tests.test_tree_generation import OracleTreeDrafter
@@ -86,7 +87,7 @@ def test_a_target_without_batches_runs_one_sequence_per_pass(hybrid_targets):
     generator = drafting_generator(target)
     problems, stats, _ = compare_with_alone(generator, REQUESTS[:3])
     assert not problems, problems[:5]
-    if not getattr(target, "batches_sequences", False):
+    if not capabilities_of(target).batches_sequences:
         assert set(stats.sequences_per_pass) == {1}
 
 

@@ -55,7 +55,6 @@ SHARED = [  # (fields, the param named) for every route
     (dict(seed="x"), "seed"),
     (dict(stream="yes"), "stream"),
     (dict(drafts="no"), "drafts"),
-    (dict(tools=[{"name": "f"}]), "tools"),
 ]
 CHAT_ONLY = [
     (dict(messages=None), "messages"),
@@ -117,6 +116,7 @@ CASES = (
        (CHAT, changed(CHAT, top_logprobs=3), "top_logprobs"),
        (CHAT, changed(CHAT, logprobs=True, top_logprobs=50), "top_logprobs"),
        (COMPLETIONS, changed(COMPLETIONS, logprobs=50), "logprobs"),
+       (COMPLETIONS, changed(COMPLETIONS, tools=[{"name": "f"}]), "tools"),
        (COMPLETIONS, changed(COMPLETIONS, prompt=None), "prompt"),
        (COMPLETIONS, changed(COMPLETIONS, prompt=[]), "prompt"),
        (COMPLETIONS, changed(COMPLETIONS, prompt=[1, 5000]), "prompt"),

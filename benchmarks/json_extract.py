@@ -1,0 +1,129 @@
+"""Structured output on the bundled SmolLM2: a JSON-schema extraction, drafted against serial.
+
+Side by side in one process, for one schema (an object of 10 fixed keys with enums, numbers, bounded
+strings and two nested objects): decode tokens/s of the serial run and of the drafted run (the tokens the
+schema forces verified as drafts, with and without prompt lookup), the ratio, whether the tokens
+were identical; the constraint's cost per serial decode step (mask and advance, measured by
+replaying the serial output through the matcher, against the step's time); and over --seeds
+seeds at temperature 0.8, how many outputs parse and validate (jsonschema).
+
+    python benchmarks/json_extract.py [--tokens 256] [--repeats 3] [--seeds 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "invoice_number": {"type": "string", "maxLength": 16},
+        "issued": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+        "currency": {"type": "string", "enum": ["EUR", "USD", "GBP", "NOK"]},
+        "status": {"type": "string", "enum": ["paid", "open", "overdue"]},
+        "total": {"type": "number"},
+        "items": {"type": "integer"},
+        "seller": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "country": {"type": "string", "maxLength": 30},
+            "vat_id": {"type": "string", "maxLength": 16}},
+            "required": ["name", "country", "vat_id"], "additionalProperties": False},
+        "buyer": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "country": {"type": "string", "maxLength": 30}},
+            "required": ["name", "country"], "additionalProperties": False},
+        "payment_terms": {"type": "string", "enum": ["net 15", "net 30", "net 60"]},
+        "notes": {"type": "string", "maxLength": 60},
+    },
+    "required": ["invoice_number", "issued", "currency", "status", "total", "items", "seller",
+                 "buyer", "payment_terms", "notes"],
+    "additionalProperties": False,
+}
+DOCUMENT = ("Invoice INV-2291 was issued on 2026-03-14 by Nordlys Tools AS (Norway, VAT "
+            "NO998877665) to Brightline Ltd (United Kingdom). It lists 3 items for a total of "
+            "1249.50 NOK, payable net 30. The invoice is still open. Note: deliver to the back "
+            "entrance.")
+ASK = [{"role": "user", "content": "Extract the invoice below as JSON with the fields "
+                                   "invoice_number, issued, currency, status, total, items, "
+                                   "seller, buyer, payment_terms and notes.\n\n" + DOCUMENT}]
+
+
+def timed(generator, tokens: int, repeats: int, **options):
+    """(median decode tokens/s, the last result) over `repeats` runs."""
+    speeds, result = [], None
+    for _ in range(repeats):
+        result = generator.generate(ASK, tokens, temperature=0.0, **options)
+        speeds.append(result.stats.tokens_per_second)
+    return statistics.median(speeds), result
+
+
+def constraint_cost(generator, constraint, output: list[int], step_seconds: float) -> float:
+    """Mean seconds of mask + advance per token, replaying `output`, over the step time."""
+    matcher = constraint.matcher(generator.tokenizer, generator.target.vocab_size,
+                                 generator.stop_tokens)
+    started = time.perf_counter()
+    for token in output:
+        matcher.allowed()
+        matcher.consume(token)
+    per_token = (time.perf_counter() - started) / max(len(output), 1)
+    return per_token / step_seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=50)
+    args = parser.parse_args()
+
+    import jsonschema
+
+    import exactdraft as xd
+    from exactdraft.constraints import Constraint
+    from exactdraft.kernels import cpu
+
+    constraint = Constraint.json_schema(SCHEMA)
+    plain = xd.Generator.from_pretrained(None)
+    lookup = xd.Generator.from_pretrained(None, drafter=xd.PromptLookup())
+    print(f"SIMD level: {cpu.simd_level()}; SmolLM2-135M-Instruct Q4_1; "
+          f"{args.tokens} tokens, median of {args.repeats}")
+    serial_speed, serial = timed(plain, args.tokens, args.repeats, constraint=constraint,
+                                 drafts=False)
+    forced_speed, forced = timed(plain, args.tokens, args.repeats, constraint=constraint)
+    both_speed, both = timed(lookup, args.tokens, args.repeats, constraint=constraint)
+    unconstrained_speed, _ = timed(plain, args.tokens, args.repeats, drafts=False)
+    print(f"serial (constrained)       {serial_speed:7.1f} tok/s  "
+          f"{serial.stats.target_passes} passes, finish {serial.finish_reason}")
+    for name, speed, result in (("forced drafts", forced_speed, forced),
+                                ("forced + lookup", both_speed, both)):
+        print(f"{name:<26} {speed:7.1f} tok/s  {speed / serial_speed:5.2f}x serial  "
+              f"{result.stats.tokens_per_pass:.2f} tokens/pass  identical: "
+              f"{result.tokens == serial.tokens}")
+    print(f"unconstrained serial       {unconstrained_speed:7.1f} tok/s")
+    step = 1.0 / serial_speed
+    print(f"constraint cost per serial decode step: "
+          f"{100 * constraint_cost(plain, constraint, serial.tokens, step):.1f}% of a step")
+    print("output:", serial.text)
+    valid = 0
+    for seed in range(args.seeds):
+        result = lookup.generate(ASK, args.tokens, temperature=0.8, seed=seed,
+                                 constraint=constraint)
+        try:
+            jsonschema.validate(json.loads(result.text), SCHEMA)
+            valid += result.finish_reason == "stop"
+        except (json.JSONDecodeError, jsonschema.ValidationError):
+            pass
+    print(f"temperature 0.8: {valid} of {args.seeds} seeds parse and validate")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""A constraint inside the decoding loop: its mask as the Verifier's row transform, drafts cut to
+what it allows, and the tokens it forces proposed as drafts.
+
+Invariant: the mask applied to the row of position p is the matcher's mask after exactly the
+tokens generated before p (SAMPLER.md, Constraints), whichever pass holds the row: the serial
+step at p, or any row of a verify pass whose path reaches p. `ConstraintRows` brings its one
+matcher to a row's prefix (rolling back and consuming the difference) before it answers, so its
+answer is a function of that prefix alone, never of the order in which rows were asked about.
+Cutting drafts and proposing forced tokens only choose which rows a pass holds: every kept token
+is still the keyed sample of its masked row, so they change speed, never tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exactdraft.errors import ParameterError
+from exactdraft.verify import NothingAllowed
+
+# With no drafter, the most forced tokens one pass verifies (the guard proves that window).
+FORCED_WINDOW = 8
+
+
+def matcher_for(constraint: Any, tokenizer: Any, vocab_size: int,
+                stop_token_ids: Sequence[int]) -> Any:
+    """A fresh matcher for one generation: `constraint` is a Constraint, a JSON schema (dict),
+    a pydantic model class or a list of choices. ParameterError (ConstraintError) naming what
+    is wrong; nothing runs."""
+    from exactdraft.constraints import Constraint
+
+    if tokenizer is None:
+        raise ParameterError("a constraint needs the model's tokenizer (load the model with "
+                             "Generator.from_pretrained, or pass tokenizer=)")
+    if isinstance(constraint, dict) or isinstance(constraint, type):
+        constraint = Constraint.json_schema(constraint)
+    elif isinstance(constraint, (list, tuple)) and all(isinstance(c, str) for c in constraint):
+        constraint = Constraint.choices(constraint)
+    if not isinstance(constraint, Constraint):
+        raise ParameterError(f"constraint must be an exactdraft.Constraint, a JSON schema dict, "
+                             f"a pydantic model class or a list of strings, got "
+                             f"{type(constraint).__name__}")
+    return constraint.matcher(tokenizer, vocab_size, stop_token_ids)
+
+
+def _apply_mask(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    from exactdraft.constraints import apply_mask
+
+    return apply_mask(row, allowed)
+
+
+class ConstraintRows:
+    """A ConstraintMatcher (exactdraft.constraints) seen as a RowTransform for one generation
+    whose first `n_prompt` tokens are the prompt."""
+
+    def __init__(self, matcher: Any, n_prompt: int) -> None:
+        self.matcher = matcher
+        self.n_prompt = n_prompt
+
+    def __call__(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        allowed = self.at(history[self.n_prompt:]).allowed()
+        if not allowed.any():
+            raise NothingAllowed(f"the constraint allows no token at position {len(history)}")
+        return _apply_mask(row, allowed)
+
+    def at(self, output: Sequence[int]) -> Any:
+        """The matcher after exactly `output` (the generated tokens of a prefix)."""
+        matcher = self.matcher
+        held = matcher.tokens
+        common = min(len(held), len(output))
+        # The prefixes usually agree but for the last few tokens: compare whole first.
+        if tuple(output[:common]) != held[:common]:
+            same = 0
+            while held[same] == output[same]:
+                same += 1
+            common = same
+        matcher.rollback(len(held) - common)
+        for token in output[common:]:
+            matcher.consume(token)
+        return matcher
+
+    def cut(self, output: Sequence[int], drafts: Sequence[int]) -> list[int]:
+        """The leading drafts the constraint allows after `output` (the rest would only be
+        rows whose tokens can never be kept)."""
+        return list(drafts[:self.at(output).valid_prefix(drafts)])
+
+    def forced(self, output: Sequence[int], limit: int) -> list[int]:
+        """Tokens the constraint forces after `output`, as drafts (at most `limit`)."""
+        return self.at(output).forced(limit) if limit > 0 else []
+
+    def dead(self, output: Sequence[int]) -> bool:
+        """Whether nothing may follow `output` although no stop token ended it."""
+        return self.at(output).dead
+
+    def complete(self, output: Sequence[int]) -> bool:
+        return self.at(output).complete

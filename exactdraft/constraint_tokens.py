@@ -1,0 +1,271 @@
+"""exactdraft's side of llguidance: tokenizers as byte tables, and compiled grammars, cached.
+
+Invariant: `token_bytes(tokenizer)[i]` is the byte string token i adds to the decoded text, so
+the bytes a grammar sees for a token sequence are the bytes exactdraft's own decode gives for it
+(byte-level BPE vocabularies such as SmolLM2's through the GPT-2 byte alphabet, SentencePiece
+vocabularies such as Gemma 3's through "\u2581" -> space and <0xXX> byte tokens). Special tokens
+(control tokens: bos, eos, end of turn) are marked special, so a grammar never produces them as
+text. One llguidance tokenizer is built per tokenizer object, and each constraint is compiled
+once per tokenizer object; generations copy the compiled matcher in its initial state.
+
+The llguidance tokenizer also needs a text -> ids function (it tokenizes the bytes a grammar
+forces, to propose them as tokens); it uses the checkpoint's own encoder, and a greedy
+longest-match over the byte table where that encoder would change the text (a SentencePiece
+vocabulary that puts a space in front of every text).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exactdraft.errors import ConstraintError, TokenizerError
+
+_SPACE = "\u2581"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The GPT-2 byte-level alphabet, character -> byte: printable bytes stand for themselves,
+    the other 68 bytes for the code points from 256 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    alphabet = {chr(b): b for b in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in alphabet.values():
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` behind an exactdraft Tokenizer (or that object itself)."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    if not all(hasattr(backend, name) for name in ("id_to_token", "get_vocab_size",
+                                                   "get_added_tokens_decoder", "encode")):
+        raise ConstraintError(f"constraints need an exactdraft Tokenizer (or a tokenizers."
+                              f"Tokenizer), got {type(tokenizer).__name__}")
+    return backend
+
+
+def _decoder_steps(backend: Any) -> list[dict[str, Any]]:
+    """The decoder's steps as tokenizers serialises them, a Sequence flattened."""
+    if backend.decoder is None:
+        return []
+    state = json.loads(backend.decoder.__getstate__())
+    steps = state.get("decoders") if state.get("type") == "Sequence" else [state]
+    return list(steps or [])
+
+
+def token_bytes(tokenizer: Any) -> tuple[list[bytes], list[int]]:
+    """(the byte string of every token id, the ids of special tokens) for an exactdraft
+    Tokenizer. Raises ConstraintError for a decoder this bridge cannot read exactly."""
+    backend = _backend(tokenizer)
+    steps = _decoder_steps(backend)
+    kinds = {step.get("type") for step in steps}
+    unknown = kinds - {"ByteLevel", "Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"}
+    if unknown:
+        raise ConstraintError(f"constraints cannot read token bytes through the tokenizer "
+                              f"decoder step(s) {sorted(unknown)}")
+    replacements: list[tuple[str, str]] = []
+    for step in steps:
+        if step.get("type") == "Replace":
+            pattern = step.get("pattern", {})
+            if "String" not in pattern:
+                raise ConstraintError(f"constraints cannot read a regex Replace decoder "
+                                      f"({pattern})")
+            replacements.append((pattern["String"], step.get("content", "")))
+        elif step.get("type") == "Metaspace":
+            replacements.append((step.get("replacement", _SPACE), " "))
+    byte_level = _byte_level_alphabet() if "ByteLevel" in kinds else None
+    byte_fallback = "ByteFallback" in kinds
+    added = backend.get_added_tokens_decoder()
+    count = backend.get_vocab_size(with_added_tokens=True)
+    table: list[bytes] = []
+    for index in range(count):
+        piece = backend.id_to_token(index)
+        if piece is None:  # a hole in the id range: no text, never allowed
+            table.append(b"")
+            continue
+        if index in added:
+            table.append(added[index].content.encode("utf-8"))
+            continue
+        if byte_level is not None and all(c in byte_level for c in piece):
+            table.append(bytes(byte_level[c] for c in piece))
+            continue
+        if byte_fallback and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                table.append(bytes([int(piece[3:5], 16)]))
+                continue
+            except ValueError:
+                pass
+        for old, new in replacements:
+            piece = piece.replace(old, new)
+        table.append(piece.encode("utf-8"))
+    special = sorted(i for i, token in added.items() if token.special and i < count)
+    return table, special
+
+
+class _TokenTable:
+    """What llguidance's TokenizerWrapper protocol reads: tokens, eos/bos ids, special ids, and
+    a call that tokenizes text (str or UTF-8 bytes)."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, backend: Any, tokens: list[bytes], special: list[int],
+                 eos_token_id: int, bos_token_id: int | None) -> None:
+        self.tokens = tokens
+        self.special_token_ids = special
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+        self._backend = backend
+        specials = set(special)
+        self._by_bytes = {piece: i for i, piece in enumerate(tokens)
+                          if piece and i not in specials}
+        self._longest = max((len(piece) for piece in self._by_bytes), default=1)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        data = text.encode("utf-8")
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return list(ids)
+        return self._greedy(data)
+
+    def _greedy(self, data: bytes) -> list[int]:
+        """Longest match first over the byte table (a fallback: the encoder changed the text)."""
+        ids, at = [], 0
+        while at < len(data):
+            for size in range(min(self._longest, len(data) - at), 0, -1):
+                index = self._by_bytes.get(data[at:at + size])
+                if index is not None:
+                    ids.append(index)
+                    at += size
+                    break
+            else:  # no token spells this byte: llguidance falls back to its own greedy split
+                return ids
+        return ids
+
+
+class TokenizerBridge:
+    """An exactdraft tokenizer as llguidance sees it: the llguidance tokenizer, the byte table,
+    the special ids and the eos id llguidance was given."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        llguidance = llguidance_module()
+        backend = _backend(tokenizer)
+        self.tokens, self.special_token_ids = token_bytes(tokenizer)
+        self.size = len(self.tokens)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stops = tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
+        if eos is None:
+            eos = stops[0] if stops else None
+        if eos is None or not 0 <= eos < self.size:
+            raise TokenizerError("constraints need a tokenizer with an eos token inside its "
+                                 f"vocabulary, got eos {eos!r}")
+        self.eos_token_id = int(eos)
+        table = _TokenTable(backend, self.tokens, self.special_token_ids, self.eos_token_id,
+                            getattr(tokenizer, "bos_token_id", None))
+        try:
+            self.ll_tokenizer = llguidance.LLTokenizer(table)
+        except (ValueError, TypeError) as error:
+            raise ConstraintError(f"llguidance cannot use this tokenizer: {error}") from None
+
+
+_bridges: weakref.WeakKeyDictionary[Any, TokenizerBridge] = weakref.WeakKeyDictionary()
+_bridges_lock = threading.Lock()
+
+
+def bridge_for(tokenizer: Any) -> TokenizerBridge:
+    """The bridge of this tokenizer object, built once (about 0.1 s for a 49k vocabulary)."""
+    with _bridges_lock:
+        bridge = _bridges.get(tokenizer)
+    if bridge is None:
+        bridge = TokenizerBridge(tokenizer)
+        with _bridges_lock:
+            bridge = _bridges.setdefault(tokenizer, bridge)
+    return bridge
+
+
+def decode_bytes(tokens: Sequence[bytes], ids: Sequence[int]) -> bytes:
+    """The bytes of `ids` under a byte table."""
+    return b"".join(tokens[i] for i in ids)
+
+
+# -- compiled grammars -------------------------------------------------------------------------
+
+def llguidance_module() -> Any:
+    """The llguidance package, or a ConstraintError saying how to install it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ConstraintError("constraints need llguidance: pip install "
+                              "'exactdraft[constraints]'") from None
+    return llguidance
+
+
+_byte_tokenizer: Any = None
+
+
+def byte_tokenizer() -> Any:
+    """llguidance's 256-byte vocabulary (plus eos), for checks that need no real tokenizer."""
+    global _byte_tokenizer
+    if _byte_tokenizer is None:
+        _byte_tokenizer = llguidance_module().LLTokenizer("byte")
+    return _byte_tokenizer
+
+
+# Compiled matchers kept per tokenizer (in their initial state, copied for each generation).
+COMPILED_PER_TOKENIZER = 64
+_compiled_cache: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
+_compiled_lock = threading.Lock()
+
+
+def compiled_matcher(constraint: Any, tokenizer: Any, bridge: Any) -> Any:
+    """The llguidance matcher of `constraint` (a Constraint) over this tokenizer, in its
+    initial state: compiled once per (tokenizer object, constraint), copied per generation."""
+    with _compiled_lock:
+        per_tokenizer = _compiled_cache.setdefault(tokenizer, OrderedDict())
+        matcher = per_tokenizer.get(constraint)
+        if matcher is not None:
+            per_tokenizer.move_to_end(constraint)
+            return matcher
+    matcher = llguidance_module().LLMatcher(bridge.ll_tokenizer, constraint.llguidance_grammar,
+                                      log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"invalid {constraint.kind} {short(constraint.source)}: "
+                              f"{matcher.get_error().strip()}")
+    refuse_empty(matcher, constraint.kind, constraint.source, bridge.size,
+                  bridge.eos_token_id, "with this tokenizer's tokens")
+    with _compiled_lock:
+        per_tokenizer[constraint] = matcher
+        while len(per_tokenizer) > COMPILED_PER_TOKENIZER:
+            per_tokenizer.popitem(last=False)
+    return matcher
+
+
+def refuse_empty(matcher: Any, kind: str, source: str, size: int, eos: int,
+                  where: str = "") -> None:
+    """ConstraintError if the matcher's initial state allows no text at all."""
+    if matcher.is_error():
+        raise ConstraintError(f"invalid {kind} {short(source)}: {matcher.get_error().strip()}")
+    if matcher.is_accepting():
+        return
+    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                         bitorder="little")[:size].astype(bool)
+    bits[eos] = False
+    if not bits.any() or matcher.is_error():
+        suffix = f" {where}" if where else ""
+        raise ConstraintError(f"{kind} {short(source)} matches nothing{suffix}")
+
+
+def short(text: str, limit: int = 120) -> str:
+    """A constraint's text for an error message: repr, cut at `limit` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -1,0 +1,371 @@
+"""Constraints on generated text (a JSON schema, a regex, a Lark grammar, a list of choices) as
+token masks, through llguidance.
+
+Invariant: a ConstraintMatcher's state is a pure function of (the constraint, the tokenizer, the
+tokens consumed): `allowed()` after consuming t1..tn, however the matcher got there (directly,
+after a rollback, on a copy), is the same array, bit for bit. So a verify row at position p
+masks its logits with the same set a serial step at p would use, and the mask, applied as
+SAMPLER.md's first processor (`apply_mask`: -inf at every forbidden id), keeps drafted output
+equal to serial output. Stop tokens are allowed exactly when the consumed text is a complete
+match; ids past the tokenizer's vocabulary (a model's padding rows) are never allowed.
+
+`forced()` gives the tokenizer's own tokens for the bytes the grammar forces next. They are
+allowed in sequence, but where the vocabulary can spell those bytes another way the mask still
+allows the other spellings, so they are drafts to verify, never tokens to commit unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from exactdraft.constraint_tokens import (
+    bridge_for,
+    byte_tokenizer,
+    compiled_matcher,
+    llguidance_module,
+    refuse_empty,
+    short,
+)
+from exactdraft.errors import ConstraintError
+
+# JSON is written compactly with one space after ':' and ',' unless the schema's "x-guidance"
+# says otherwise: no free whitespace means more forced bytes and no runs of blank lines.
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# At most this many forced tokens are proposed at once.
+MAX_FORCED = 64
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the generated text must match. Immutable and hashable; build it with one of the
+    classmethods, which check it at once (ConstraintError naming what is wrong)."""
+
+    kind: str      # "json_schema", "regex", "grammar" or "choices"
+    source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
+    llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
+
+    @classmethod
+    def json_schema(cls, schema: dict | str | type, *, compact: bool = True) -> Constraint:
+        """Text that parses as JSON and validates against `schema`: a dict, a JSON string, or
+        a pydantic model class. compact=False lets the model write free whitespace."""
+        if isinstance(schema, type):
+            if not hasattr(schema, "model_json_schema"):
+                raise ConstraintError(f"json_schema needs a dict, a JSON string or a pydantic "
+                                      f"model class, got the class {schema.__name__}")
+            schema = schema.model_json_schema()
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ConstraintError(f"json_schema is not valid JSON: {error}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ConstraintError(f"json_schema must be a JSON object, got "
+                                  f"{type(schema).__name__} {schema!r}")
+        try:
+            source = json.dumps(schema, ensure_ascii=False)  # key order kept: it is the output's
+        except (TypeError, ValueError) as error:
+            raise ConstraintError(f"json_schema cannot be written as JSON: {error}") from None
+        matcher_class = llguidance_module().LLMatcher
+        try:
+            grammar = matcher_class.grammar_from_json_schema(
+                source, defaults=COMPACT_JSON if compact else None)
+        except ValueError as error:
+            raise ConstraintError(f"invalid json_schema: {error}") from None
+        return cls._checked("json_schema", source, grammar)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """Text that matches `pattern` as a whole (Rust regex syntax, no look-around)."""
+        if not isinstance(pattern, str):
+            raise ConstraintError(f"regex must be a string, got {type(pattern).__name__}")
+        return cls._checked("regex", pattern,
+                            llguidance_module().LLMatcher.grammar_from_regex(pattern))
+
+    @classmethod
+    def grammar(cls, lark: str) -> Constraint:
+        """Text that the Lark-style grammar (llguidance's syntax: `start: ...`, /regex/ and
+        "string" terminals, %json {...} for embedded schemas) derives from `start`."""
+        if not isinstance(lark, str) or not lark.strip():
+            raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
+                                  f"{lark!r}")
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def gbnf(cls, text: str) -> Constraint:
+        """A grammar in llama.cpp's GBNF (EBNF) syntax, converted to Lark."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConstraintError(f"gbnf must be a non-empty grammar string, got {text!r}")
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(text)
+        except Exception as error:  # the converter raises plain exceptions of several kinds
+            raise ConstraintError(f"invalid GBNF grammar: {error}") from None
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def choices(cls, options: Sequence[str]) -> Constraint:
+        """Text equal to one of `options` (non-empty list of strings)."""
+        if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
+            raise ConstraintError(f"choices must be a list of strings, got {options!r}")
+        if not options:
+            raise ConstraintError("choices is empty: at least one option is needed")
+        for index, option in enumerate(options):
+            if not isinstance(option, str):
+                raise ConstraintError(f"choices[{index}] must be a string, got {option!r}")
+        # JSON string literals are Lark string literals (escapes included).
+        lark = "start: " + " | ".join(json.dumps(option) for option in options)
+        return cls._checked("choices", json.dumps(list(options), ensure_ascii=False),
+                            llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def _checked(cls, kind: str, source: str, grammar: str) -> Constraint:
+        """Validate the grammar, and refuse one that matches nothing, on a byte vocabulary:
+        what is wrong is said before any model or tokenizer is involved."""
+        llg = llguidance_module()
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, byte_tokenizer())
+        if failed:
+            raise ConstraintError(f"invalid {kind} {short(source)}: {messages[0].strip()}")
+        probe = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0)
+        refuse_empty(probe, kind, source, byte_tokenizer().vocab_size, byte_tokenizer().eos_token)
+        return cls(kind, source, grammar)
+
+    def matcher(self, tokenizer: Any, vocab_size: int,
+                stop_token_ids: Sequence[int]) -> ConstraintMatcher:
+        """A fresh matcher for one generation, over a model vocabulary of `vocab_size` ids (ids
+        past the tokenizer's are never allowed) that ends on any of `stop_token_ids`."""
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
+                or vocab_size < 1:
+            raise ConstraintError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        stops = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
+        for token in stops:
+            if not 0 <= token < vocab_size:
+                raise ConstraintError(f"stop token id {token} is outside the vocabulary "
+                                      f"[0, {vocab_size})")
+        bridge = bridge_for(tokenizer)
+        initial = compiled_matcher(self, tokenizer, bridge)
+        return ConstraintMatcher(self, bridge, initial.deep_copy(), int(vocab_size), stops)
+
+
+class ConstraintMatcher:
+    """The state of one constrained generation: which tokens may come next.
+
+    Every query is answered from the tokens consumed so far and changes nothing; only
+    `consume` and `rollback` move the state. Masks are cached per prefix length, so rows that
+    a rollback returns to are not recomputed."""
+
+    def __init__(self, constraint: Constraint, bridge: Any, ll_matcher: Any, vocab_size: int,
+                 stop_token_ids: tuple[int, ...]) -> None:
+        self.constraint = constraint
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self._bridge = bridge
+        self._ll = ll_matcher
+        self._stops = np.asarray(stop_token_ids, dtype=np.int64)
+        self._stop_set = frozenset(stop_token_ids)
+        # Ids never handed to llguidance: past the model's or the tokenizer's vocabulary, and
+        # llguidance's eos when the caller does not count it as a stop.
+        self._usable = min(vocab_size, bridge.size)
+        self._ll_eos = bridge.eos_token_id
+        self._masks: list[np.ndarray | None] = [None]  # by number of tokens given to llguidance
+        self._tokens: list[int] = []
+        self._stopped = False  # a stop token was consumed: the generation is over
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def allowed(self) -> np.ndarray:
+        """bool [vocab_size], read-only: the tokens that may come next."""
+        mask = self._masks[-1]
+        if mask is None:
+            mask = self._compute_mask()
+            self._masks[-1] = mask
+        return mask
+
+    @property
+    def complete(self) -> bool:
+        """The consumed text is a complete match (a stop token may end it, or did)."""
+        return self._stopped or (not self._ll.is_error() and self._ll.is_accepting())
+
+    @property
+    def stopped(self) -> bool:
+        """A stop token was consumed: nothing more is allowed, and that is not an error."""
+        return self._stopped
+
+    @property
+    def dead(self) -> bool:
+        """Nothing is allowed and the text is not a complete match: no way to finish it."""
+        return not self.complete and not self.allowed().any()
+
+    def only_allowed(self) -> int | None:
+        """The token, where exactly one is allowed: it is the draw at any temperature (a stop
+        token included), so it can be drafted and is always kept."""
+        ids = np.flatnonzero(self.allowed())
+        return int(ids[0]) if ids.size == 1 else None
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens consumed so far."""
+        return tuple(self._tokens)
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` are allowed one after another from here."""
+        tokens = [int(t) for t in tokens]
+        if self._stopped or not tokens:
+            return 0
+        head = []
+        for token in tokens:
+            if self._plain(token):
+                head.append(token)
+            else:
+                break
+        count = self._ll.validate_tokens(head) if head else 0
+        if count < len(head) or count == len(tokens) or tokens[count] not in self._stop_set:
+            return count
+        # The next token is a stop: allowed iff the text up to it is a complete match.
+        if count == 0:
+            return 1 if self.complete else 0
+        if not self._ll.consume_tokens(head):
+            raise ConstraintError(f"llguidance refused tokens it had validated: "
+                                  f"{self._ll.get_error()}")
+        accepting = self._ll.is_accepting()
+        if not self._ll.rollback(count):
+            raise ConstraintError(f"llguidance could not roll back {count} tokens: "
+                                  f"{self._ll.get_error()}")
+        return count + 1 if accepting else count
+
+    def forced(self, limit: int = MAX_FORCED) -> list[int]:
+        """The tokenizer's tokens for the bytes the grammar forces next (up to `limit`), each
+        allowed in sequence; empty where nothing is forced. Drafts, not certainties: see the
+        module docstring."""
+        if self._stopped or self._ll.is_error():
+            return []
+        proposed = []
+        for token in self._ll.compute_ff_tokens()[:max(0, limit)]:
+            if not self._plain(token):
+                break
+            proposed.append(token)
+        return proposed[:self._ll.validate_tokens(proposed)] if proposed else []
+
+    def masks_along(self, tokens: Sequence[int]) -> list[np.ndarray]:
+        """allowed() here and after each leading token of `tokens` that is allowed: the masks
+        of the rows of a verify pass that drafts those tokens. No state change."""
+        count = self.valid_prefix(tokens)
+        masks = [self.allowed()]
+        consumed = 0
+        try:
+            for token in list(tokens)[:count]:
+                self.consume(token)
+                consumed += 1
+                masks.append(self.allowed())
+        finally:
+            self.rollback(consumed)
+        return masks
+
+    # -- moves -----------------------------------------------------------------------------
+
+    def consume(self, token: int) -> None:
+        """Advance by `token`; ConstraintError (and no change) if it is not allowed."""
+        token = int(token)
+        if self._stopped:
+            raise ConstraintError(f"token {token} after the stop token that ended the "
+                                  f"{self.constraint.kind} constraint")
+        if token in self._stop_set:
+            if not self.complete:
+                raise ConstraintError(f"stop token {token} before the text completes the "
+                                      f"{self.constraint.kind} constraint")
+            self._stopped = True
+            self._tokens.append(token)
+            return
+        if not self._plain(token) or self._ll.validate_tokens([token]) != 1:
+            raise ConstraintError(f"token {token} is not allowed by the {self.constraint.kind} "
+                                  f"constraint after {len(self._tokens)} tokens")
+        if not self._ll.consume_token(token):
+            raise ConstraintError(f"llguidance refused token {token} it had validated: "
+                                  f"{self._ll.get_error()}")
+        self._tokens.append(token)
+        self._masks.append(None)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` tokens consumed."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or \
+                not 0 <= n <= len(self._tokens):
+            raise ConstraintError(f"rollback needs 0 <= n <= {len(self._tokens)} (the tokens "
+                                  f"consumed), got {n!r}")
+        n = int(n)
+        if n == 0:
+            return
+        if self._stopped:
+            self._stopped = False
+            self._tokens.pop()
+            n -= 1
+        if n:
+            self._rollback_ll(n)
+            del self._tokens[-n:]
+
+    def copy(self) -> ConstraintMatcher:
+        """An independent matcher in the same state."""
+        twin = ConstraintMatcher(self.constraint, self._bridge, self._ll.deep_copy(),
+                                 self.vocab_size, self.stop_token_ids)
+        twin._masks = list(self._masks)  # masks are read-only arrays: sharing them is safe
+        twin._tokens = list(self._tokens)
+        twin._stopped = self._stopped
+        return twin
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _plain(self, token: int) -> bool:
+        """A token llguidance may see: inside both vocabularies, and not a stop token (nor
+        llguidance's own eos, which ends its text)."""
+        return 0 <= token < self._usable and token not in self._stop_set and \
+            token != self._ll_eos
+
+    def _rollback_ll(self, n: int) -> None:
+        if not self._ll.rollback(n):
+            raise ConstraintError(f"llguidance could not roll back {n} tokens: "
+                                  f"{self._ll.get_error()}")
+        del self._masks[-n:]
+
+    def _compute_mask(self) -> np.ndarray:
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        if self._stopped or self._ll.is_error():
+            mask.flags.writeable = False
+            return mask
+        words = np.frombuffer(self._ll.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(words, bitorder="little")
+        mask[:self._usable] = bits[:self._usable].astype(bool)
+        if self._ll.is_error():  # the mask step ran out of its budget (ParserTooComplex)
+            mask[:] = False
+        if 0 <= self._ll_eos < self.vocab_size:
+            mask[self._ll_eos] = False
+        if self._stops.size:
+            mask[self._stops] = self._ll.is_accepting()
+        mask.flags.writeable = False
+        return mask
+
+
+def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """A float32 copy of `logits_row` with -inf at every id `allowed` forbids: SAMPLER.md's
+    constraint processor. Refuses a mask that allows nothing (the generation must end first)."""
+    row = np.asarray(logits_row, dtype=np.float32)  # np.where below makes the copy
+    allowed = np.asarray(allowed)
+    if row.ndim != 1 or allowed.shape != row.shape or allowed.dtype != np.bool_:
+        raise ConstraintError(f"apply_mask needs a 1-D row and a bool mask of its shape, got "
+                              f"{row.shape} and {allowed.dtype} {allowed.shape}")
+    if not allowed.any():
+        raise ConstraintError("the constraint allows no token here (an unsatisfiable state); "
+                              "end the generation instead of drawing")
+    return np.where(allowed, row, np.float32(-np.inf))
+
+
+def parse_json(text: str) -> Any:
+    """The JSON value of a JSON-constrained generation's text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConstraintError(f"the generated text is not complete JSON ({error.msg} at "
+                              f"character {error.pos}): {short(text)}") from None

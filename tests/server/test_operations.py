@@ -134,3 +134,29 @@ def test_a_client_that_goes_away_frees_its_sequence(slow, path: str, stream: boo
     assert engine.stats.cancelled == cancelled + 1
     assert get(base, "/health")["cancelled"] == cancelled + 1
     assert post(base, path, QUICK)[0] == 200
+
+
+def test_metrics_gauges_follow_the_engine(slow) -> None:
+    """While a long request runs, /metrics reports one running sequence and the positions it
+    holds as a share of the engine's room (one sequence of the 1024-token context here); once
+    its client goes away, both are back to zero."""
+    from tests.server.test_metrics import scrape
+
+    base, engine, _ = slow
+    connection = open_request(base, "/v1/chat/completions", {**LONG, "stream": True})
+    try:
+        received = b""
+        while received.count(b'"content": "') < 3:
+            piece = connection.recv(65536)
+            assert piece, f"the stream ended early: {received[-300:]!r}"
+            received += piece
+        samples = scrape(base)
+        assert samples["vllm:num_requests_running"] == 1
+        assert samples["vllm:num_requests_waiting"] == 0
+        assert 3 / 1024 < samples["vllm:kv_cache_usage_perc"] < 1
+    finally:
+        connection.close()
+    assert wait_for(lambda: engine.load == (0, 0)), engine.load
+    samples = scrape(base)
+    assert samples["vllm:num_requests_running"] == 0
+    assert samples["vllm:kv_cache_usage_perc"] == 0

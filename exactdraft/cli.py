@@ -29,6 +29,7 @@ DEFAULT_PROMPTS = [
 MODEL_DEFAULT = "the model's generation_config.json, else {}"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+DEFAULT_DRAFTER = "lookup"
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) -> None:
@@ -48,6 +49,8 @@ def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) ->
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    from exactdraft.drafters import registry as drafters
+
     parser.add_argument("model", nargs="?", default=None,
                         help="folder, .gguf file or hub id (default: the bundled SmolLM2)")
     parser.add_argument("--backend", default="auto",
@@ -57,15 +60,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda, cuda:1, gpu (MLX) ... (default: the backend's choice)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="compute dtype (default: float32, or the backend's choice)")
-    parser.add_argument("--drafter", default="lookup",
-                        help="lookup (prompt lookup), suffix (suffix matching over the prompt "
-                             "and earlier replies), head (the draft head bundled for the model), "
-                             "head:PATH (a head from train-drafter), model:PATH (a smaller "
-                             "model with the same vocabulary), several joined by + (the first "
-                             "with a guess drafts, e.g. lookup+head), or none (default: lookup)")
-    parser.add_argument("--max-draft", type=int, default=None,
-                        help="most drafts per pass (default: 8 for lookup and suffix, 4 for a "
-                             "head or a model)")
+    parser.add_argument("--drafter", default=DEFAULT_DRAFTER,
+                        help=drafters.help_text(DEFAULT_DRAFTER))
+    parser.add_argument("--max-draft", type=int, default=None, help=drafters.max_draft_help())
     parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
                         help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
                              "--no-quantized dequantizes them to float32 (default: on)")
@@ -165,21 +162,9 @@ def validate(args: argparse.Namespace) -> None:
         raise ParameterError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.max_draft is not None and args.max_draft < 1:
         raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
-    parts = args.drafter.split("+")
-    for part in parts:
-        known = part in ("lookup", "suffix", "head", "none") or \
-            part.startswith(("model:", "head:"))
-        if not known or (part == "none" and len(parts) > 1):
-            raise ParameterError(f"unknown drafter {part!r}: use lookup, suffix, head, "
-                                 "head:PATH, model:PATH, several joined by +, or none")
-        for prefix, what in (("model:", "the draft model's path"),
-                             ("head:", "the head's folder")):
-            if part == prefix:
-                raise ParameterError(f"--drafter {prefix}PATH needs {what}")
-        if part.startswith("head:") and \
-                not os.path.isdir(os.path.expanduser(part[len("head:"):])):
-            raise ParameterError(f"--drafter {part}: no folder there (train-drafter "
-                                 "writes one)")
+    from exactdraft.drafters import registry as drafters
+
+    drafters.parse(args.drafter, where="--drafter")  # raises naming the bad part
     if args.model is not None and not os.path.exists(os.path.expanduser(args.model)):
         from exactdraft.loading.hub import looks_like_hub_id
 
@@ -189,9 +174,8 @@ def validate(args: argparse.Namespace) -> None:
     if args.command == "check":
         if args.seeds < 1:
             raise ParameterError(f"--seeds must be >= 1, got {args.seeds}")
-        if args.drafter == "none":
-            raise ParameterError("check needs a drafter (lookup, suffix, head, head:PATH or "
-                                 "model:PATH)")
+        if args.drafter == drafters.NONE:
+            raise ParameterError(f"check needs a drafter ({', '.join(drafters.spellings())})")
         args.temperature_list = parse_temperatures(args.temperatures)
         args.prompt_list = read_prompts(args.prompts, raw=True)  # chat or raw: decided later
     elif args.command == "generate":
@@ -251,36 +235,14 @@ def parse_temperatures(text: str) -> list[float]:
     return values
 
 
-def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
-    import exactdraft as xd
-
-    if spec == "none":
-        return None
-    if "+" in spec:
-        from exactdraft.arguments import is_drafter_factory
-
-        parts = [_drafter(part, max_draft, options) for part in spec.split("+")]
-        return lambda target: xd.FallbackDrafter(*(
-            part(target) if is_drafter_factory(part) else part for part in parts))
-    if spec == "lookup":
-        return xd.PromptLookup(max_draft=max_draft or 8)
-    if spec == "suffix":
-        return xd.SuffixDrafter(max_draft=max_draft or 8)
-    if spec == "head" or spec.startswith("head:"):
-        folder = None if spec == "head" else spec[len("head:"):]
-        return lambda target: xd.DraftHead.from_pretrained(folder, target,
-                                                           max_draft=max_draft or 4)
-    return xd.DraftModel.from_pretrained(spec[len("model:"):], max_draft=max_draft or 4,
-                                         **options)
-
-
 def _generator(args: argparse.Namespace) -> Any:
     import exactdraft as xd
+    from exactdraft.drafters import registry as drafters
 
     options = dict(backend=args.backend, device=args.device, dtype=args.dtype,
                    keep_quantized=args.quantized)
-    return xd.Generator.from_pretrained(args.model, drafter=_drafter(args.drafter,
-                                                                     args.max_draft, options),
+    drafter = drafters.build(args.drafter, args.max_draft, options)
+    return xd.Generator.from_pretrained(args.model, drafter=drafter,
                                         adaptive_depth=args.adaptive_depth, **options)
 
 

@@ -25,7 +25,7 @@ RANKS = {
     "guard": 7, "depth": 7, "verify": 7, "drafters": 7, "drafting": 7, "constrained": 7,
     "results": 7,
     "generator": 8, "decoding": 8,
-    "engine": 8.5,
+    "engine": 8,  # the Generator runs a list of prompts through the Engine
     "server": 8.75,
     "check": 9, "training": 9,
     "testing": 10,

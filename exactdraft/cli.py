@@ -340,7 +340,8 @@ def run_check(args: argparse.Namespace) -> int:
     settings = [_sampling(generator, args, temperature=t, seed=0)
                 for t in args.temperature_list]
     report = check_exactness(generator, prompts, range(args.seeds), settings,
-                             args.max_new_tokens)
+                             args.max_new_tokens, on_case=None if _terminal(sys.stdout) else
+                             _print_case)
     if report.drafting_note:
         print(f"load-time guard: drafting would be off for this model ({report.drafting_note});"
               " measuring it anyway", file=sys.stderr)
@@ -353,6 +354,18 @@ def run_check(args: argparse.Namespace) -> int:
         return 0
     print(report.failures())
     return 1
+
+
+def _terminal(stream: Any) -> bool:
+    from exactdraft.progress import enabled_for
+
+    return enabled_for(stream, None)
+
+
+def _print_case(case: Any, done: int, total: int) -> None:
+    """Where stdout is a log or a pipe, a line per case as it is decided (a terminal shows the
+    progress bar instead)."""
+    print(f"case {done}/{total}: {case.line()}", flush=True)
 
 
 def run_train(args: argparse.Namespace) -> int:

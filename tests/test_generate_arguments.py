@@ -213,11 +213,54 @@ def test_progress_shows_on_a_terminal_only():
             shown.phase("starting")
             shown.count(3, 3, "cases")
     assert "exactdraft: check: starting" in terminal.getvalue()
-    assert "3/3 cases" in terminal.getvalue() and terminal.getvalue().endswith("\r\x1b[K")
+    assert "3/3 cases" in terminal.getvalue() and _erased(terminal.getvalue())
     assert pipe.getvalue() == ""
     with Progress("forced", progress=True, stream=pipe) as shown:
         shown.phase("on")
-    assert "forced: on" in pipe.getvalue()
+    assert "forced: on" in pipe.getvalue() and _erased(pipe.getvalue())
+
+
+def _erased(shown: str) -> bool:
+    """Whether the last thing drawn is a blank line ended by a carriage return."""
+    return shown.endswith("\r") and shown.rsplit("\r", 2)[-2].strip() == ""
+
+
+def test_progress_lets_tqdm_auto_decide_and_falls_back_to_plain_lines(monkeypatch):
+    import exactdraft.progress as progress
+
+    made = []
+
+    class Bar:
+        def __init__(self, **options):
+            made.append(options)
+            self.disable = options["disable"]
+
+        def set_description_str(self, text, refresh=True):
+            made.append(text)
+
+        def close(self):
+            made.append("closed")
+
+    monkeypatch.setattr(progress, "_bar_class", lambda: Bar)
+    with Progress("loading", stream=io.StringIO()) as shown:  # a notebook: tqdm decides
+        shown.phase("reading")
+    assert made[0]["disable"] is None and made[0]["leave"] is False
+    assert made[1:] == ["exactdraft: loading: reading", "closed"]
+    made.clear()
+    with Progress("loading", progress=False) as shown:
+        shown.phase("reading")
+    assert made == []
+    monkeypatch.setattr(progress, "_bar_class", lambda: None)  # tqdm not installed
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        with Progress("check", stream=stream) as shown:
+            shown.phase("starting")
+            shown.count(2, 2, "cases")
+    lines = terminal.getvalue().splitlines()
+    assert [line.rsplit(" (", 1)[0] for line in lines] == ["exactdraft: check: starting",
+                                                           "exactdraft: check: 2/2 cases"]
+    assert "\r" not in terminal.getvalue() and "\x1b" not in terminal.getvalue()
+    assert pipe.getvalue() == ""
 
 
 def test_loading_and_the_guard_show_progress_when_asked(tiny_checkpoints, capsys):
@@ -229,7 +272,7 @@ def test_loading_and_the_guard_show_progress_when_asked(tiny_checkpoints, capsys
     for phase in ("reading the checkpoint", "building the model", "load-time guard",
                   "measuring verify-pass costs"):
         assert phase in err
-    assert err.endswith("\r\x1b[K")
+    assert _erased(err)
 
 
 def test_check_and_recording_show_progress_when_asked(generator, tmp_path, capsys):

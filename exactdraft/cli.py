@@ -30,6 +30,7 @@ MODEL_DEFAULT = "the model's generation_config.json, else {}"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 DEFAULT_DRAFTER = "lookup"
+STDIN = "-"
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) -> None:
@@ -44,7 +45,8 @@ def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) ->
                              f"(default: {MODEL_DEFAULT.format('0.0')})")
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help=f"1 = off (default: {MODEL_DEFAULT.format('1.0')})")
-    parser.add_argument("--max-new-tokens", type=int, default=64 if check else 256,
+    parser.add_argument("--max-new-tokens", "--max-tokens", type=int,
+                        default=64 if check else 256,
                         help=f"most tokens per reply (default: {64 if check else 256})")
 
 
@@ -77,14 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="exactdraft", description=(
         "Drafted generation whose output is byte-identical to serial generation."))
-    parser.add_argument("--version", action="version", version=f"exactdraft {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"exactdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate text, streaming it")
     _model_arguments(generate)
-    source = generate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="raw prompt text (this or --chat is required)")
-    source.add_argument("--chat", help="a user message, rendered with the chat template (this "
-                             "or --prompt is required)")
+    generate.add_argument("stdin", nargs="?", default=None, choices=[STDIN], metavar="-",
+                          help="read the prompt from stdin, as --prompt-file - does")
+    source = generate.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="raw prompt text, - for stdin (one of --prompt, "
+                        "--chat, --prompt-file or - is required)")
+    source.add_argument("--chat", help="a user message, rendered with the chat template, - for "
+                        "stdin (one of the prompt sources is required)")
+    source.add_argument("--prompt-file", metavar="PATH",
+                        help="a file holding the prompt, - for stdin: a user message, or raw "
+                             "text with --raw or when the model has no chat template (one of "
+                             "the prompt sources is required)")
+    generate.add_argument("--raw", action="store_true",
+                          help="send --prompt-file's or stdin's text raw instead of as a chat "
+                               "message (default: off)")
     generate.add_argument("--system", default=None,
                           help="system message for --chat (default: none)")
     generate.add_argument("--temperature", type=float, default=None,
@@ -102,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--compare", action="store_true",
                           help="also run serially and show that the two replies are identical "
                                "(default: off)")
+    generate.add_argument("--json", action="store_true",
+                          help="print one JSON object instead of streaming text: tokens, "
+                               "text, finish reason, stats and receipt (default: off)")
     check = commands.add_parser("check", help="drafted vs serial, case by case")
     _model_arguments(check)
     check.add_argument("--prompts", default=None,
@@ -156,6 +171,8 @@ def validate(args: argparse.Namespace) -> None:
         settings_from(args)  # raises naming the bad setting
         return
     xd.SamplingParams(**_explicit_sampling(args))  # raises naming the bad setting
+    if args.command == "generate" and args.model == STDIN and args.stdin is None:
+        args.model, args.stdin = None, STDIN  # `generate -`: the lone positional is the prompt
     if args.command == "serve":
         validate_serve(args)
     elif args.max_new_tokens < 0:
@@ -182,6 +199,57 @@ def validate(args: argparse.Namespace) -> None:
         for text in args.stop:
             if not text:
                 raise ParameterError("--stop needs a non-empty text")
+        args.prompt_text, args.prompt_is_chat = read_prompt_source(args)
+
+
+def read_prompt_source(args: argparse.Namespace) -> tuple[str, bool | None]:
+    """The prompt text, and whether it is a chat message (None: chat when the model has a
+    chat template, as for --prompt-file and stdin). Read here, before any model loads."""
+    from exactdraft.errors import ParameterError
+
+    given = [name for name, value in (("--prompt", args.prompt), ("--chat", args.chat),
+                                      ("--prompt-file", args.prompt_file),
+                                      (STDIN, args.stdin)) if value is not None]
+    if len(given) != 1:
+        raise ParameterError("generate needs one prompt: --prompt TEXT, --chat TEXT, "
+                             "--prompt-file PATH or - (stdin); got "
+                             f"{' and '.join(given) or 'none'}")
+    if args.raw and (args.prompt is not None or args.chat is not None):
+        raise ParameterError("--raw applies to --prompt-file and stdin; --prompt is raw and "
+                             "--chat is a chat message already")
+    if args.prompt is not None:
+        return _read_text(args.prompt, "--prompt "), False
+    if args.chat is not None:
+        return _read_text(args.chat, "--chat "), True
+    if args.prompt_file is not None:
+        return _read_text(args.prompt_file, "--prompt-file ", path=True), \
+            False if args.raw else None
+    return _read_text(STDIN, "", path=True), False if args.raw else None
+
+
+def _read_text(value: str, flag: str, path: bool = False) -> str:
+    """`value` itself, or the text of stdin (`-`) or of the file `value` names (`path`), with
+    one trailing newline dropped (what `echo` adds). `flag` starts error messages."""
+    from exactdraft.errors import ParameterError
+
+    if value != STDIN and not path:
+        return value
+    where = "stdin" if value == STDIN else value
+    try:
+        if value == STDIN:
+            if _terminal(sys.stdin):
+                print("exactdraft: reading the prompt from stdin (end it with Ctrl-D)",
+                      file=sys.stderr)
+            text = sys.stdin.read()
+        else:
+            with open(os.path.expanduser(value), encoding="utf-8") as handle:
+                text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ParameterError(f"{flag}{where}: cannot be read ({error})") from None
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    if not text.strip():
+        raise ParameterError(f"{flag}{where}: the prompt is empty")
+    return text
 
 
 def validate_serve(args: argparse.Namespace) -> None:
@@ -269,8 +337,14 @@ def summary(result: Any) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     generator = _generator(args)
-    prompt = args.prompt if args.prompt is not None else _chat(args.chat, args.system)
+    chat = args.prompt_is_chat
+    if chat is None:
+        chat = generator.tokenizer is not None and \
+            getattr(generator.tokenizer, "chat_template", None) is not None
+    prompt = _chat(args.prompt_text, args.system) if chat else args.prompt_text
     params = _sampling(generator, args)
+    if args.json:
+        return print_json(generator, args, prompt, params)
     stream = generator.stream(prompt, args.max_new_tokens, params, stop=args.stop,
                               drafts=not args.no_drafts)
     shown = 0
@@ -301,6 +375,48 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"identical: {'yes' if same else 'NO'} ({len(result.tokens)} tokens); drafted decode "
           f"{speedup:.2f}x serial", file=sys.stderr)
     return 0 if same else 1
+
+
+def receipt(generator: Any, result: Any) -> dict[str, Any]:
+    """The server's receipt of a result (exactdraft.server.service), for --json."""
+    from exactdraft.server.service import token_digest
+
+    target, stats = generator.target, result.stats
+    backend = getattr(target, "backend", None)
+    return {"token_ids_sha256": token_digest(result.tokens),
+            "prompt_ids_sha256": token_digest(result.prompt_tokens),
+            "completion_tokens": len(result.tokens), "seed": result.seed,
+            "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
+            "backend": type(target).__name__ if backend is None else
+            f"{backend.name} {backend.device} {backend.dtype}",
+            "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}
+
+
+def result_json(generator: Any, result: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    stats = asdict(result.stats)
+    stats.update(acceptance=result.stats.acceptance, tokens_per_pass=result.stats.tokens_per_pass,
+                 tokens_per_second=result.stats.tokens_per_second)
+    return {"tokens": result.tokens, "text": result.text, "finish_reason": result.finish_reason,
+            "stop": result.stop, "seed": result.seed, "prompt_tokens": result.prompt_tokens,
+            "stats": stats, "receipt": receipt(generator, result)}
+
+
+def print_json(generator: Any, args: argparse.Namespace, prompt: Any, params: Any) -> int:
+    """--json: the reply as one JSON object on stdout (with --compare, the serial run's too)."""
+    result = generator.generate(prompt, args.max_new_tokens, params, stop=args.stop,
+                                drafts=not args.no_drafts)
+    document = result_json(generator, result)
+    status = 0
+    if args.compare:
+        serial = generator.generate(prompt, args.max_new_tokens, params.with_seed(result.seed),
+                                    stop=args.stop, drafts=False)
+        document["serial"] = result_json(generator, serial)
+        document["identical"] = serial.tokens == result.tokens
+        status = 0 if document["identical"] else 1
+    print(json.dumps(document, ensure_ascii=False))
+    return status
 
 
 def read_prompts(path: str | None, raw: bool) -> list[Any]:
@@ -383,8 +499,21 @@ def _quiet_stdout() -> None:
         pass
 
 
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line. argparse fills optional positionals at their first chance, so
+    generate's `-` (the prompt from stdin) after an option comes back unrecognized: it is
+    taken here."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "generate" and extra == [STDIN] and args.stdin is None:
+        args.stdin, extra = STDIN, []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     from exactdraft.errors import ExactdraftError
 
     try:

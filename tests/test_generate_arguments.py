@@ -388,8 +388,8 @@ def test_do_sample_false_is_greedy_and_foreign_names_map_to_ours(generator):
 
 @pytest.mark.parametrize("call,match", [
     (dict(temprature=0.5), "unknown keyword 'temprature'; valid keywords: max_new_tokens, "
-                           "max_tokens, sampling, stop, stop_tokens, drafts, logprobs, constraint, n, "
-                           "temperature"),
+                           "max_tokens, sampling, stop, stop_tokens, drafts, logprobs, "
+                           "constraint, n, temperature"),
     (dict(max_new_token=5), "unknown keyword 'max_new_token'.*also understood: do_sample"),
     (dict(temp=0.5, temperature=0.5), "both temp= and temperature="),
     (dict(do_sample=False, temperature=0.7), "do_sample=False .greedy. and temperature=0.7"),

@@ -7,8 +7,7 @@ its module and one row of DRAFTERS.
 Invariant: `parse` refuses every spec that `build` could not build (an unknown name, a missing
 or superfluous PATH, `none` inside a `+` chain, a head folder that is not there) with a
 ParameterError naming the offending part, before anything loads; `build` only builds what
-`parse` accepted. Whether a drafter may be copied per sequence is read from its row, never
-probed.
+`parse` accepted.
 """
 
 from __future__ import annotations
@@ -40,16 +39,14 @@ class DrafterKind:
     """One row: a spec name and how to build what it names.
 
     `build(path, max_draft, load_options)` returns a drafter, or a function of the target
-    that returns one (for drafters built on the target). `path` is the text after `name:`
-    (None when the spec has none); `path` says whether a PATH is required ("required"),
-    allowed ("optional") or refused (None), and `path_means` what it is, for messages."""
+    that returns one (for drafters built on the target); its `path` is the text after
+    `name:`, None when the spec has none. The row's `path` says whether a PATH is required
+    ("required"), allowed ("optional") or refused (None), and `path_means` what it is."""
 
     name: str
     means: str  # for the help text
     build: Callable[[str | None, int, Mapping[str, Any]], Any]
     default_max_draft: int
-    classes: tuple[type, ...]  # what build returns (or its function returns)
-    copyable: bool = False  # its whole state is plain data: each sequence may use a copy
     path: str | None = None
     path_means: str = ""
     path_help: str = ""  # what name:PATH builds, when the name alone builds something else
@@ -58,20 +55,18 @@ class DrafterKind:
 
 DRAFTERS: tuple[DrafterKind, ...] = (
     DrafterKind("lookup", "prompt lookup",
-                lambda path, depth, options: PromptLookup(max_draft=depth), 8,
-                (PromptLookup,), copyable=True),
+                lambda path, depth, options: PromptLookup(max_draft=depth), 8),
     DrafterKind("suffix", "suffix matching over the prompt and earlier replies",
-                lambda path, depth, options: SuffixDrafter(max_draft=depth), 8,
-                (SuffixDrafter,), copyable=True),
+                lambda path, depth, options: SuffixDrafter(max_draft=depth), 8),
     DrafterKind("head", "the draft head bundled for the model",
                 lambda path, depth, options: lambda target: DraftHead.from_pretrained(
                     path, target, max_draft=depth), 4,
-                (DraftHead,), path="optional", path_means="the head's folder",
+                path="optional", path_means="the head's folder",
                 path_help="a head from train-drafter", check_path=_existing_folder),
     DrafterKind("model", "a smaller model with the same vocabulary",
                 lambda path, depth, options: DraftModel.from_pretrained(
                     path, max_draft=depth, **options), 4,
-                (DraftModel,), path="required", path_means="the draft model's path"),
+                path="required", path_means="the draft model's path"),
 )
 
 
@@ -160,11 +155,3 @@ def build(spec: str, max_draft: int | None = None,
         return built[0]
     return lambda target: FallbackDrafter(*(
         part(target) if is_drafter_factory(part) else part for part in built))
-
-
-def copyable(drafter: object) -> bool:
-    """Whether each sequence may draft with its own deep copy of `drafter`: every part of it
-    is of a row marked copyable (its whole state is plain data)."""
-    if isinstance(drafter, FallbackDrafter):
-        return all(copyable(child) for child in drafter.drafters)
-    return any(isinstance(drafter, row.classes) for row in DRAFTERS if row.copyable)

@@ -78,16 +78,6 @@ def test_a_head_spec_loads_its_folder_on_the_target(tmp_path, monkeypatch):
     assert calls == [(None, target, 4), (str(tmp_path), target, 2), (str(tmp_path), target, 4)]
 
 
-def test_copyable_comes_from_the_rows():
-    assert registry.copyable(xd.PromptLookup()) and registry.copyable(xd.SuffixDrafter())
-    assert registry.copyable(xd.FallbackDrafter(xd.PromptLookup(), xd.SuffixDrafter()))
-    # Negative control: a drafter of no copyable row, alone or inside a chain, is not.
-    other = type("Other", (), {"max_draft": 2, "begin": None, "propose": None,
-                               "accepted": None})()
-    assert not registry.copyable(other)
-    assert not registry.copyable(xd.FallbackDrafter(xd.PromptLookup(), other))
-
-
 def test_a_new_row_reaches_the_cli_with_no_other_edit(monkeypatch, capsys):
     built = []
 
@@ -96,8 +86,7 @@ def test_a_new_row_reaches_the_cli_with_no_other_edit(monkeypatch, capsys):
         begin = propose = accepted = None
 
     row = registry.DrafterKind("echo", "repeats the last token",
-                               lambda path, depth, options: built.append(depth) or Echo(), 1,
-                               (Echo,))
+                               lambda path, depth, options: built.append(depth) or Echo(), 1)
     monkeypatch.setattr(registry, "DRAFTERS", registry.DRAFTERS + (row,))
     help_text = next(a.help for a in build_parser()._subparsers._group_actions[0]
                      .choices["generate"]._actions if a.dest == "drafter")

@@ -284,6 +284,8 @@ def test_check_and_recording_show_progress_when_asked(generator, tmp_path, capsy
     path = str(tmp_path / "run.json")
     record_generation(generator, path, PROMPT, 8, {"seed": 1}, progress=True)
     assert "recording run.json" in capsys.readouterr().err
+    with open(path) as handle:  # the request-only SamplingParams fields stay out of the file
+        assert set(json.load(handle)["sampling"]) == set(xd.sampling.SAMPLING_FIELDS)
     assert_reproduces(generator, path, progress=True)
     assert "replaying run.json" in capsys.readouterr().err
     assert_reproduces(generator, path)

@@ -449,6 +449,12 @@ def read_prompts(path: str | None, raw: bool) -> list[Any]:
 def run_check(args: argparse.Namespace) -> int:
     from exactdraft.check import check_exactness
 
+    if not _terminal(sys.stdout):  # a log hears what is coming before the model loads
+        prompts, seeds, temperatures = (len(args.prompt_list), args.seeds,
+                                        len(args.temperature_list))
+        print(f"checking {prompts * seeds * temperatures} cases ({prompts} prompts x {seeds} "
+              f"seeds x {temperatures} temperatures), drafted against serial; loading the "
+              "model", flush=True)
     generator = _generator(args)
     raw = args.raw or generator.tokenizer is None or \
         getattr(generator.tokenizer, "chat_template", None) is None

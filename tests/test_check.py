@@ -102,6 +102,8 @@ def test_cli_check_prints_a_line_per_case_when_stdout_is_not_a_terminal(tiny_che
             "--max-new-tokens", "8", "--temperatures", "0,0.8", "--raw"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("checking 20 cases (5 prompts x 2 seeds x 2 temperatures), drafted "
+                        "against serial; loading the model")
     cases = [line for line in lines if line.startswith("case ")]
     assert len(cases) == 20 and cases[0].startswith("case 1/20: prompt 0, seed 0, t=0: "
                                                     "identical, 8 tokens, acceptance ")
@@ -111,7 +113,7 @@ def test_cli_check_prints_a_line_per_case_when_stdout_is_not_a_terminal(tiny_che
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     assert main(argv) == 0
     assert not [line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("case ")]
+                if line.startswith(("case ", "checking "))]
 
 
 def test_cli_generate_and_compare(tiny_checkpoints, capsys):

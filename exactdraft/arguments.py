@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.errors import ParameterError
@@ -101,3 +101,119 @@ def stops_with_config(tokenizer: Any, target: Any, config: Mapping[str, Any],
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- the keywords of generate, stream and prepare --------------------------------------------
+
+# Their own keywords besides the prompt and the sampling fields (temperature, top_k, ...). A new
+# keyword is one entry here (and its use in Generator.prepare); the check below reads this.
+REQUEST_KEYWORDS = ("max_new_tokens", "max_tokens", "sampling", "stop", "stop_tokens", "drafts",
+                    "logprobs", "constraint", "n")
+# The names transformers, vLLM, llama-cpp-python and mlx-lm give the same settings.
+ALIASES = {
+    "sampling_params": "sampling",  # vLLM: llm.generate(prompts, sampling_params=...)
+    "num_return_sequences": "n",  # transformers
+    "stop_strings": "stop",  # transformers
+    "stop_token_ids": "stop_tokens",  # vLLM
+    "eos_token_id": "stop_tokens",  # transformers (an id or a list of ids)
+    "repeat_penalty": "repetition_penalty",  # llama-cpp-python
+    "temp": "temperature",  # mlx-lm, llama.cpp
+}
+DO_SAMPLE = "do_sample"  # transformers: False is greedy (temperature 0)
+
+
+def request_options(options: Mapping[str, Any], sampling_fields: Sequence[str], where: str,
+                    sampling_given: bool = False) -> dict[str, Any]:
+    """`options` in exactdraft's own names: each alias renamed, `do_sample=False` turned into
+    temperature 0 (`do_sample=True` is kept for the caller to check against the temperature it
+    resolves). An unknown name, or one setting given under two names, raises ParameterError
+    naming it and the valid names. Applying it twice gives the same result."""
+    valid = REQUEST_KEYWORDS + tuple(sampling_fields)
+    own: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for name, value in options.items():
+        if name == DO_SAMPLE:
+            continue
+        canonical = ALIASES.get(name, name)
+        if canonical not in valid:
+            aliases = ", ".join(f"{alias} ({canonical})" for alias, canonical in ALIASES.items())
+            raise ParameterError(
+                f"{where}() got an unknown keyword {name!r}; valid keywords: "
+                f"{', '.join(valid)}; also understood: {DO_SAMPLE}, {aliases}")
+        if canonical in own:
+            raise ParameterError(f"{where}() got both {spelled[canonical]}= and {name}= (the "
+                                 "same setting); pass one")
+        if name == "eos_token_id" and isinstance(value, int) and not isinstance(value, bool):
+            value = [value]  # transformers takes one id or a list
+        own[canonical], spelled[canonical] = value, name
+    if sampling_given and "sampling" in own:
+        raise ParameterError(f"{where}() got both sampling= and {spelled['sampling']}=; pass "
+                             "one")
+    if DO_SAMPLE in options:
+        do_sample = options[DO_SAMPLE]
+        if not isinstance(do_sample, bool):
+            raise ParameterError(f"do_sample must be True or False, got {_short(do_sample)}")
+        temperature = own.get("temperature")
+        if do_sample is False:
+            if temperature is not None and temperature != 0:
+                raise ParameterError(f"{where}() got do_sample=False (greedy) and temperature="
+                                     f"{temperature!r}; pass one")
+            if sampling_given or own.get("sampling") is not None:
+                raise ParameterError(f"{where}() got both sampling= and do_sample=False; pass "
+                                     "temperature=0 in the SamplingParams instead")
+            own["temperature"] = 0.0
+        elif temperature == 0:
+            raise ParameterError(f"{where}() got do_sample=True and temperature=0 (greedy); "
+                                 "pass a temperature > 0")
+        else:
+            own[DO_SAMPLE] = True
+    return own
+
+
+def sample_count(n: Any, sampling: Any, default: int = 1) -> int:
+    """Samples per prompt: `n` when given, else the `n` of `sampling` (a SamplingParams or a
+    dict of its fields), else `default`. ParameterError unless an integer >= 1."""
+    if n is None:
+        n = sampling.get("n") if isinstance(sampling, Mapping) else getattr(sampling, "n", None)
+    if n is None:
+        n = default
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ParameterError(f"n must be an integer >= 1, got {_short(n)}")
+    return n
+
+
+def _tensor_like(value: Any) -> bool:
+    """A torch tensor or a numpy array (read through their shared `shape` and `tolist`)."""
+    return hasattr(value, "shape") and hasattr(value, "tolist") and \
+        not isinstance(value, (str, bytes))
+
+
+def token_ids_from_tensor(prompt: Any) -> Any:
+    """A 1-D or [1, n] tensor or array of token ids as a list of ints; anything else as is.
+    A [b, n] batch with b > 1 is refused: its padding would be read as tokens."""
+    if not _tensor_like(prompt):
+        return prompt
+    shape = tuple(prompt.shape)
+    if len(shape) == 2 and shape[0] == 1:
+        return prompt[0].tolist()
+    if len(shape) == 1:
+        return prompt.tolist()
+    if len(shape) == 2:
+        raise ParameterError(f"a token id tensor of shape {list(shape)} holds {shape[0]} "
+                             "prompts, padding included; pass a list of prompts (each 1-D, "
+                             "without padding) to run several")
+    raise ParameterError(f"a token id tensor must be 1-D or [1, n], got shape {list(shape)}")
+
+
+def several_prompts(prompt: Any) -> list[Any] | None:
+    """The prompts of a batch (a list or tuple of texts, of token id lists, of chat message
+    lists or of tensors), or None when `prompt` is one prompt (text, token ids, chat
+    messages, a 1-D or [1, n] tensor)."""
+    if isinstance(prompt, (str, bytes)) or _tensor_like(prompt) or \
+            not isinstance(prompt, Sequence) or not prompt:
+        return None
+    first = prompt[0]
+    if isinstance(first, str) or _tensor_like(first) or \
+            (isinstance(first, Sequence) and not isinstance(first, bytes)):
+        return list(prompt)
+    return None

@@ -8,7 +8,7 @@ runs' logits rows for that position were, read back from the passes that actuall
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,16 @@ class Case:
     @property
     def identical(self) -> bool:
         return self.divergence is None
+
+    def line(self) -> str:
+        """One line: the case, and identical (with tokens and acceptance) or where it differs."""
+        stats = self.drafted.stats
+        where = f"prompt {self.prompt_index}, seed {self.seed}, {self.setting}"
+        if self.divergence is not None:
+            return f"{where}: DIFFERS from output token {self.divergence.index}"
+        acceptance = stats.accepted / stats.drafted if stats.drafted else 0.0
+        return (f"{where}: identical, {len(self.drafted.tokens)} tokens, acceptance "
+                f"{acceptance:.0%}")
 
 
 @dataclass
@@ -159,9 +169,11 @@ def _logits_gap(generator: Generator, prompt: PromptInput, max_new_tokens: int,
 def check_exactness(generator: Generator, prompts: Sequence[PromptInput],
                     seeds: Sequence[int], settings: Sequence[SamplingParams],
                     max_new_tokens: int = 64, stop: str | Sequence[str] = (), *,
-                    progress: bool | None = None) -> CheckReport:
+                    progress: bool | None = None,
+                    on_case: Callable[[Case, int, int], None] | None = None) -> CheckReport:
     """Generate every prompt x seed x setting with drafts and without, and compare.
-    `progress` shows the case being run on stderr (None: when stderr is a terminal)."""
+    `progress` shows the case being run (None: in a notebook, or on stderr when it is a
+    terminal); `on_case(case, done, total)` is called as each case is decided."""
     if generator.drafter is None:
         raise ParameterError("check_exactness needs a Generator with a drafter")
     report = CheckReport(drafting_note=generator.drafting_note)
@@ -182,6 +194,8 @@ def check_exactness(generator: Generator, prompts: Sequence[PromptInput],
                                 f"{describe(setting)}")
                     report.cases.append(_case(generator, prompt_index, prompt, seed, setting,
                                               max_new_tokens, stop))
+                    if on_case is not None:
+                        on_case(report.cases[-1], len(report.cases), total)
         shown.count(total, total, "cases done")
     return report
 

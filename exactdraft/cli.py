@@ -29,6 +29,8 @@ DEFAULT_PROMPTS = [
 MODEL_DEFAULT = "the model's generation_config.json, else {}"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+DEFAULT_DRAFTER = "lookup"
+STDIN = "-"
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) -> None:
@@ -43,11 +45,14 @@ def _sampling_arguments(parser: argparse.ArgumentParser, check: bool = False) ->
                              f"(default: {MODEL_DEFAULT.format('0.0')})")
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help=f"1 = off (default: {MODEL_DEFAULT.format('1.0')})")
-    parser.add_argument("--max-new-tokens", type=int, default=64 if check else 256,
+    parser.add_argument("--max-new-tokens", "--max-tokens", type=int,
+                        default=64 if check else 256,
                         help=f"most tokens per reply (default: {64 if check else 256})")
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    from exactdraft.drafters import registry as drafters
+
     parser.add_argument("model", nargs="?", default=None,
                         help="folder, .gguf file or hub id (default: the bundled SmolLM2)")
     parser.add_argument("--backend", default="auto",
@@ -57,15 +62,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda, cuda:1, gpu (MLX) ... (default: the backend's choice)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="compute dtype (default: float32, or the backend's choice)")
-    parser.add_argument("--drafter", default="lookup",
-                        help="lookup (prompt lookup), suffix (suffix matching over the prompt "
-                             "and earlier replies), head (the draft head bundled for the model), "
-                             "head:PATH (a head from train-drafter), model:PATH (a smaller "
-                             "model with the same vocabulary), several joined by + (the first "
-                             "with a guess drafts, e.g. lookup+head), or none (default: lookup)")
-    parser.add_argument("--max-draft", type=int, default=None,
-                        help="most drafts per pass (default: 8 for lookup and suffix, 4 for a "
-                             "head or a model)")
+    parser.add_argument("--drafter", default=DEFAULT_DRAFTER,
+                        help=drafters.help_text(DEFAULT_DRAFTER))
+    parser.add_argument("--max-draft", type=int, default=None, help=drafters.max_draft_help())
     parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
                         help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
                              "--no-quantized dequantizes them to float32 (default: on)")
@@ -80,14 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="exactdraft", description=(
         "Drafted generation whose output is byte-identical to serial generation."))
-    parser.add_argument("--version", action="version", version=f"exactdraft {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"exactdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate text, streaming it")
     _model_arguments(generate)
-    source = generate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="raw prompt text (this or --chat is required)")
-    source.add_argument("--chat", help="a user message, rendered with the chat template (this "
-                             "or --prompt is required)")
+    generate.add_argument("stdin", nargs="?", default=None, choices=[STDIN], metavar="-",
+                          help="read the prompt from stdin, as --prompt-file - does")
+    source = generate.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="raw prompt text, - for stdin (one of --prompt, "
+                        "--chat, --prompt-file or - is required)")
+    source.add_argument("--chat", help="a user message, rendered with the chat template, - for "
+                        "stdin (one of the prompt sources is required)")
+    source.add_argument("--prompt-file", metavar="PATH",
+                        help="a file holding the prompt, - for stdin: a user message, or raw "
+                             "text with --raw or when the model has no chat template (one of "
+                             "the prompt sources is required)")
+    generate.add_argument("--raw", action="store_true",
+                          help="send --prompt-file's or stdin's text raw instead of as a chat "
+                               "message (default: off)")
     generate.add_argument("--system", default=None,
                           help="system message for --chat (default: none)")
     generate.add_argument("--temperature", type=float, default=None,
@@ -105,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--compare", action="store_true",
                           help="also run serially and show that the two replies are identical "
                                "(default: off)")
+    generate.add_argument("--json", action="store_true",
+                          help="print one JSON object instead of streaming text: tokens, "
+                               "text, finish reason, stats and receipt (default: off)")
     check = commands.add_parser("check", help="drafted vs serial, case by case")
     _model_arguments(check)
     check.add_argument("--prompts", default=None,
@@ -167,27 +179,17 @@ def validate(args: argparse.Namespace) -> None:
         settings_from(args)  # raises naming the bad setting
         return
     xd.SamplingParams(**_explicit_sampling(args))  # raises naming the bad setting
+    if args.command == "generate" and args.model == STDIN and args.stdin is None:
+        args.model, args.stdin = None, STDIN  # `generate -`: the lone positional is the prompt
     if args.command == "serve":
         validate_serve(args)
     elif args.max_new_tokens < 0:
         raise ParameterError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.max_draft is not None and args.max_draft < 1:
         raise ParameterError(f"--max-draft must be >= 1, got {args.max_draft}")
-    parts = args.drafter.split("+")
-    for part in parts:
-        known = part in ("lookup", "suffix", "head", "none") or \
-            part.startswith(("model:", "head:"))
-        if not known or (part == "none" and len(parts) > 1):
-            raise ParameterError(f"unknown drafter {part!r}: use lookup, suffix, head, "
-                                 "head:PATH, model:PATH, several joined by +, or none")
-        for prefix, what in (("model:", "the draft model's path"),
-                             ("head:", "the head's folder")):
-            if part == prefix:
-                raise ParameterError(f"--drafter {prefix}PATH needs {what}")
-        if part.startswith("head:") and \
-                not os.path.isdir(os.path.expanduser(part[len("head:"):])):
-            raise ParameterError(f"--drafter {part}: no folder there (train-drafter "
-                                 "writes one)")
+    from exactdraft.drafters import registry as drafters
+
+    drafters.parse(args.drafter, where="--drafter")  # raises naming the bad part
     if args.model is not None and not os.path.exists(os.path.expanduser(args.model)):
         from exactdraft.loading.hub import looks_like_hub_id
 
@@ -197,15 +199,65 @@ def validate(args: argparse.Namespace) -> None:
     if args.command == "check":
         if args.seeds < 1:
             raise ParameterError(f"--seeds must be >= 1, got {args.seeds}")
-        if args.drafter == "none":
-            raise ParameterError("check needs a drafter (lookup, suffix, head, head:PATH or "
-                                 "model:PATH)")
+        if args.drafter == drafters.NONE:
+            raise ParameterError(f"check needs a drafter ({', '.join(drafters.spellings())})")
         args.temperature_list = parse_temperatures(args.temperatures)
         args.prompt_list = read_prompts(args.prompts, raw=True)  # chat or raw: decided later
     elif args.command == "generate":
         for text in args.stop:
             if not text:
                 raise ParameterError("--stop needs a non-empty text")
+        args.prompt_text, args.prompt_is_chat = read_prompt_source(args)
+
+
+def read_prompt_source(args: argparse.Namespace) -> tuple[str, bool | None]:
+    """The prompt text, and whether it is a chat message (None: chat when the model has a
+    chat template, as for --prompt-file and stdin). Read here, before any model loads."""
+    from exactdraft.errors import ParameterError
+
+    given = [name for name, value in (("--prompt", args.prompt), ("--chat", args.chat),
+                                      ("--prompt-file", args.prompt_file),
+                                      (STDIN, args.stdin)) if value is not None]
+    if len(given) != 1:
+        raise ParameterError("generate needs one prompt: --prompt TEXT, --chat TEXT, "
+                             "--prompt-file PATH or - (stdin); got "
+                             f"{' and '.join(given) or 'none'}")
+    if args.raw and (args.prompt is not None or args.chat is not None):
+        raise ParameterError("--raw applies to --prompt-file and stdin; --prompt is raw and "
+                             "--chat is a chat message already")
+    if args.prompt is not None:
+        return _read_text(args.prompt, "--prompt "), False
+    if args.chat is not None:
+        return _read_text(args.chat, "--chat "), True
+    if args.prompt_file is not None:
+        return _read_text(args.prompt_file, "--prompt-file ", path=True), \
+            False if args.raw else None
+    return _read_text(STDIN, "", path=True), False if args.raw else None
+
+
+def _read_text(value: str, flag: str, path: bool = False) -> str:
+    """`value` itself, or the text of stdin (`-`) or of the file `value` names (`path`), with
+    one trailing newline dropped (what `echo` adds). `flag` starts error messages."""
+    from exactdraft.errors import ParameterError
+
+    if value != STDIN and not path:
+        return value
+    where = "stdin" if value == STDIN else value
+    try:
+        if value == STDIN:
+            if _terminal(sys.stdin):
+                print("exactdraft: reading the prompt from stdin (end it with Ctrl-D)",
+                      file=sys.stderr)
+            text = sys.stdin.read()
+        else:
+            with open(os.path.expanduser(value), encoding="utf-8") as handle:
+                text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ParameterError(f"{flag}{where}: cannot be read ({error})") from None
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    if not text.strip():
+        raise ParameterError(f"{flag}{where}: the prompt is empty")
+    return text
 
 
 def validate_serve(args: argparse.Namespace) -> None:
@@ -264,36 +316,14 @@ def parse_temperatures(text: str) -> list[float]:
     return values
 
 
-def _drafter(spec: str, max_draft: int | None, options: dict[str, Any]) -> Any:
-    import exactdraft as xd
-
-    if spec == "none":
-        return None
-    if "+" in spec:
-        from exactdraft.arguments import is_drafter_factory
-
-        parts = [_drafter(part, max_draft, options) for part in spec.split("+")]
-        return lambda target: xd.FallbackDrafter(*(
-            part(target) if is_drafter_factory(part) else part for part in parts))
-    if spec == "lookup":
-        return xd.PromptLookup(max_draft=max_draft or 8)
-    if spec == "suffix":
-        return xd.SuffixDrafter(max_draft=max_draft or 8)
-    if spec == "head" or spec.startswith("head:"):
-        folder = None if spec == "head" else spec[len("head:"):]
-        return lambda target: xd.DraftHead.from_pretrained(folder, target,
-                                                           max_draft=max_draft or 4)
-    return xd.DraftModel.from_pretrained(spec[len("model:"):], max_draft=max_draft or 4,
-                                         **options)
-
-
 def _generator(args: argparse.Namespace) -> Any:
     import exactdraft as xd
+    from exactdraft.drafters import registry as drafters
 
     options = dict(backend=args.backend, device=args.device, dtype=args.dtype,
                    keep_quantized=args.quantized)
-    return xd.Generator.from_pretrained(args.model, drafter=_drafter(args.drafter,
-                                                                     args.max_draft, options),
+    drafter = drafters.build(args.drafter, args.max_draft, options)
+    return xd.Generator.from_pretrained(args.model, drafter=drafter,
                                         adaptive_depth=args.adaptive_depth, **options)
 
 
@@ -320,8 +350,14 @@ def summary(result: Any) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     generator = _generator(args)
-    prompt = args.prompt if args.prompt is not None else _chat(args.chat, args.system)
+    chat = args.prompt_is_chat
+    if chat is None:
+        chat = generator.tokenizer is not None and \
+            getattr(generator.tokenizer, "chat_template", None) is not None
+    prompt = _chat(args.prompt_text, args.system) if chat else args.prompt_text
     params = _sampling(generator, args)
+    if args.json:
+        return print_json(generator, args, prompt, params)
     stream = generator.stream(prompt, args.max_new_tokens, params, stop=args.stop,
                               drafts=not args.no_drafts)
     shown = 0
@@ -354,6 +390,48 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def receipt(generator: Any, result: Any) -> dict[str, Any]:
+    """The server's receipt of a result (exactdraft.server.service), for --json."""
+    from exactdraft.server.service import token_digest
+
+    target, stats = generator.target, result.stats
+    backend = getattr(target, "backend", None)
+    return {"token_ids_sha256": token_digest(result.tokens),
+            "prompt_ids_sha256": token_digest(result.prompt_tokens),
+            "completion_tokens": len(result.tokens), "seed": result.seed,
+            "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
+            "backend": type(target).__name__ if backend is None else
+            f"{backend.name} {backend.device} {backend.dtype}",
+            "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}
+
+
+def result_json(generator: Any, result: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    stats = asdict(result.stats)
+    stats.update(acceptance=result.stats.acceptance, tokens_per_pass=result.stats.tokens_per_pass,
+                 tokens_per_second=result.stats.tokens_per_second)
+    return {"tokens": result.tokens, "text": result.text, "finish_reason": result.finish_reason,
+            "stop": result.stop, "seed": result.seed, "prompt_tokens": result.prompt_tokens,
+            "stats": stats, "receipt": receipt(generator, result)}
+
+
+def print_json(generator: Any, args: argparse.Namespace, prompt: Any, params: Any) -> int:
+    """--json: the reply as one JSON object on stdout (with --compare, the serial run's too)."""
+    result = generator.generate(prompt, args.max_new_tokens, params, stop=args.stop,
+                                drafts=not args.no_drafts)
+    document = result_json(generator, result)
+    status = 0
+    if args.compare:
+        serial = generator.generate(prompt, args.max_new_tokens, params.with_seed(result.seed),
+                                    stop=args.stop, drafts=False)
+        document["serial"] = result_json(generator, serial)
+        document["identical"] = serial.tokens == result.tokens
+        status = 0 if document["identical"] else 1
+    print(json.dumps(document, ensure_ascii=False))
+    return status
+
+
 def read_prompts(path: str | None, raw: bool) -> list[Any]:
     from exactdraft.errors import ParameterError
 
@@ -384,6 +462,12 @@ def read_prompts(path: str | None, raw: bool) -> list[Any]:
 def run_check(args: argparse.Namespace) -> int:
     from exactdraft.check import check_exactness
 
+    if not _terminal(sys.stdout):  # a log hears what is coming before the model loads
+        prompts, seeds, temperatures = (len(args.prompt_list), args.seeds,
+                                        len(args.temperature_list))
+        print(f"checking {prompts * seeds * temperatures} cases ({prompts} prompts x {seeds} "
+              f"seeds x {temperatures} temperatures), drafted against serial; loading the "
+              "model", flush=True)
     generator = _generator(args)
     raw = args.raw or generator.tokenizer is None or \
         getattr(generator.tokenizer, "chat_template", None) is None
@@ -391,7 +475,8 @@ def run_check(args: argparse.Namespace) -> int:
     settings = [_sampling(generator, args, temperature=t, seed=0)
                 for t in args.temperature_list]
     report = check_exactness(generator, prompts, range(args.seeds), settings,
-                             args.max_new_tokens)
+                             args.max_new_tokens, on_case=None if _terminal(sys.stdout) else
+                             _print_case)
     if report.drafting_note:
         print(f"load-time guard: drafting would be off for this model ({report.drafting_note});"
               " measuring it anyway", file=sys.stderr)
@@ -404,6 +489,18 @@ def run_check(args: argparse.Namespace) -> int:
         return 0
     print(report.failures())
     return 1
+
+
+def _terminal(stream: Any) -> bool:
+    from exactdraft.progress import enabled_for
+
+    return enabled_for(stream, None)
+
+
+def _print_case(case: Any, done: int, total: int) -> None:
+    """Where stdout is a log or a pipe, a line per case as it is decided (a terminal shows the
+    progress bar instead)."""
+    print(f"case {done}/{total}: {case.line()}", flush=True)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -421,8 +518,21 @@ def _quiet_stdout() -> None:
         pass
 
 
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line. argparse fills optional positionals at their first chance, so
+    generate's `-` (the prompt from stdin) after an option comes back unrecognized: it is
+    taken here."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "generate" and extra == [STDIN] and args.stdin is None:
+        args.stdin, extra = STDIN, []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     from exactdraft.errors import ExactdraftError
 
     try:

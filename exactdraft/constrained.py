@@ -90,9 +90,14 @@ class ConstraintRows:
         """Tokens the constraint forces after `output`, as drafts (at most `limit`)."""
         return self.at(output).forced(limit) if limit > 0 else []
 
-    def dead(self, output: Sequence[int]) -> bool:
-        """Whether nothing may follow `output` although no stop token ended it."""
-        return self.at(output).dead
+    def ended(self, output: Sequence[int]) -> str | None:
+        """Where no token may follow `output` (and no stop token ended it), the finish reason:
+        "stop" for a complete match that nothing may extend (no stop token is allowed to end
+        it), "unsatisfiable" for an incomplete one; else None."""
+        matcher = self.at(output)
+        if matcher.stopped or matcher.allowed().any():
+            return None
+        return "stop" if matcher.complete else "unsatisfiable"
 
     def complete(self, output: Sequence[int]) -> bool:
         return self.at(output).complete

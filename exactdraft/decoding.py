@@ -303,8 +303,10 @@ class Decoding:
                 reason = "context"
             if reason is not None:
                 return self._finish(committed, reason)
-        if self.constraint is not None and self.constraint.dead(output):
-            return self._finish(committed, "unsatisfiable")
+        if self.constraint is not None:  # where nothing may follow, the generation ends
+            reason = self.constraint.ended(output)
+            if reason is not None:
+                return self._finish(committed, reason)
         text = run.stops.new_text(output) if self.stream_text else ""
         return Chunk(tokens=committed, text=text, logprobs=self._logprobs_of(committed))
 

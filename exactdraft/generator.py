@@ -21,15 +21,21 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from exactdraft.arguments import (
+    DO_SAMPLE,
     check_component,
     check_drafter,
     check_flags,
     check_pretrained_arguments,
     is_drafter_factory,
+    request_options,
+    sample_count,
+    several_prompts,
     stops_with_config,
+    token_ids_from_tensor,
 )
 from exactdraft.constrained import FORCED_WINDOW, matcher_for
 from exactdraft.decoding import Decoding, DecodingSetup
@@ -228,98 +234,154 @@ class Generator:
         return cls(target, drafter=drafter, tokenizer=checkpoint.tokenizer, strict=strict,
                    progress=progress, **own)
 
-    def generate(self, prompt: PromptInput, max_new_tokens: int | None = None,
-                 sampling: SamplingParams | Mapping[str, Any] | None = None, *,
-                 stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
-                 drafts: bool = True, max_tokens: int | None = None,
-                 logprobs: int | None = None, constraint: Any = None,
-                 temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, min_p: float | None = None,
-                 repetition_penalty: float | None = None,
-                 presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None,
-                 logit_bias: Mapping[int, float] | None = None,
-                 seed: int | None = None) -> GenerationResult:
-        """Generate up to max_new_tokens (default 256; `max_tokens` is the same) after the
-        prompt (text, token ids or chat messages). `drafts=False` is the serial reference; the
-        tokens are the same either way. `logprobs=N` (0..20) puts in `result.logprobs` each
-        token's logprob and the N most probable tokens, from the distribution its draw was
-        made from (after bias, penalties, temperature and filters; see KeyedSampler.logprobs),
-        the same bits drafted or not. `constraint` (an exactdraft.Constraint, a JSON schema
-        dict, a pydantic model class, or a list of choices) limits the output to what it allows:
-        its mask enters each draw (SAMPLER.md), the tokens it forces are verified as drafts, and
-        `result.json()` parses a JSON result; logprobs are of the constrained distribution.
+    def __repr__(self) -> str:
+        target = self.target
+        described = getattr(target, "config", None) or getattr(target, "trunk", None)
+        kind = getattr(described, "model_type", None)
+        model = f"{type(target).__name__}({kind})" if kind else type(target).__name__
+        if self.drafter is None:
+            drafting = "serial"
+        elif self.drafting_note is not None:
+            drafting = f"drafting off: {self.drafting_note}"
+        else:
+            drafting = "drafting on" + (", trees" if self.trees else "")
+        return (f"Generator(model={model}, backend={getattr(target, 'backend', None)!r}, "
+                f"arithmetic={getattr(target, 'arithmetic', None)!r}, "
+                f"drafter={self.drafter!r}, {drafting})")
 
-        Sampling is `sampling` (a SamplingParams, or a dict of its fields), or the fields given
-        as keywords (temperature=0.7, top_p=0.9, seed=1, ...), not both; either way, fields not
-        named keep the Generator's default (`self.sampling`: the checkpoint's
-        generation_config.json when it has one, else SamplingParams(), temperature 1.0).
+    def generate(self, prompt: PromptInput | Sequence[PromptInput],
+                 max_new_tokens: int | None = None,
+                 sampling: SamplingParams | Mapping[str, Any] | None = None,
+                 **options: Any) -> GenerationResult | list[Any]:
+        """Generate up to max_new_tokens (default 256; `max_tokens` is the same) after the
+        prompt (text, token ids, chat messages, or a 1-D or [1, n] tensor of token ids).
+
+        Keywords: `drafts=False` is the serial reference (the tokens are the same either way);
+        `stop` (texts) and `stop_tokens` (ids, default: the model's); `logprobs=N` (0..20) puts
+        in `result.logprobs` each token's logprob and the N most probable tokens, from the
+        distribution its draw was made from (after bias, penalties, temperature and filters;
+        see KeyedSampler.logprobs), the same bits drafted or not. `constraint` (an
+        exactdraft.Constraint, a JSON schema dict, a pydantic model class, or a list of
+        choices) limits the output to what it allows: its mask enters each draw (SAMPLER.md),
+        the tokens it forces are verified as drafts, and `result.json()` parses a JSON result;
+        logprobs are of the constrained distribution. Sampling is `sampling` (a
+        SamplingParams, or a dict of its fields), or the fields given as keywords
+        (temperature=0.7, top_p=0.9, seed=1, ...), not both; either way, fields not named keep
+        the Generator's default (`self.sampling`: the checkpoint's generation_config.json when
+        it has one, else SamplingParams(), temperature 1.0). A SamplingParams' max_tokens, stop
+        and n apply when the call does not name them. Names from other libraries work too:
+        do_sample=False (greedy), num_return_sequences, stop_strings, stop_token_ids,
+        eos_token_id, repeat_penalty, temp, sampling_params; an unknown keyword raises
+        ParameterError listing the valid ones.
+
+        Returns a GenerationResult; with `n` > 1 a list of n of them (sample j's seed is
+        exactdraft.engine.sample_seed(seed, j)); for a list of prompts a list with one entry
+        per prompt, each equal to generate(that prompt, ...) with the same seed. Several
+        prompts or samples run together through an exactdraft.engine.Engine (shared passes).
 
         Every argument is checked before the model runs; a bad one raises ParameterError (or
         TokenizerError for text) and the Generator stays usable. On Ctrl-C the
         KeyboardInterrupt propagates and the tokens of this call are dropped, the Generator
         stays usable; to keep a partial reply, iterate `stream()` and read its `result`."""
-        shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
-        run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
-                           drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
-                           constraint=constraint, where="generate", **shorthand)
-        # Only the final text is needed here, so the per-pass incremental decode is skipped.
-        for _ in self._chunks(run, stream_text=False):
-            pass
-        return run.final
+        options = request_options(options, SAMPLING_FIELDS, "generate", sampling is not None)
+        sampling = options.pop("sampling", sampling)  # passed as sampling_params=
+        prompts = several_prompts(prompt)
+        n = sample_count(options.pop("n", None), sampling, self.sampling.n)
+        if isinstance(sampling, SamplingParams) and sampling.n != 1:
+            sampling = replace(sampling, n=1)  # n is counted here, not in each sample's run
+        elif isinstance(sampling, Mapping):
+            sampling = {name: value for name, value in sampling.items() if name != "n"}
+        if prompts is None and n == 1:
+            run = self.prepare(prompt, max_new_tokens, sampling, where="generate", **options)
+            # Only the final text is needed here, so the per-pass incremental decode is
+            # skipped.
+            for _ in self._chunks(run, stream_text=False):
+                pass
+            return run.final
+        many = [prompt] if prompts is None else prompts
+        for each in many:  # every prompt checked before anything runs
+            self.prepare(each, max_new_tokens, sampling, where="generate", **options)
+        from exactdraft.engine.scheduler import Engine
+
+        with Engine(self, max_sequences=max(n, min(len(many) * n, 8)),
+                    max_waiting=len(many)) as engine:
+            results = engine.generate_batch(many, n=n, max_new_tokens=max_new_tokens,
+                                            sampling=sampling, **options)
+        grouped = [results[i * n:(i + 1) * n] if n > 1 else results[i]
+                   for i in range(len(many))]
+        return grouped[0] if prompts is None else grouped
 
     def stream(self, prompt: PromptInput, max_new_tokens: int | None = None,
-               sampling: SamplingParams | Mapping[str, Any] | None = None, *,
-               stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
-               drafts: bool = True, max_tokens: int | None = None, logprobs: int | None = None,
-               constraint: Any = None,
-               temperature: float | None = None, top_k: int | None = None,
-               top_p: float | None = None, min_p: float | None = None,
-               repetition_penalty: float | None = None, presence_penalty: float | None = None,
-               frequency_penalty: float | None = None,
-               logit_bias: Mapping[int, float] | None = None,
-               seed: int | None = None) -> Stream:
-        """Like generate (the same arguments, checked before anything runs), yielding the
-        tokens and text committed at each target pass (and their logprobs when asked for); the
-        last chunk carries the full result. Text that could still grow into a stop string is
-        held back until it cannot. A stream cut short (Ctrl-C, close()) keeps what it yielded,
-        and its `result` is the partial result (finish_reason "interrupted")."""
-        shorthand = {name: value for name, value in locals().items() if name in SAMPLING_FIELDS}
-        run = self.prepare(prompt, max_new_tokens, sampling, stop=stop, stop_tokens=stop_tokens,
-                           drafts=drafts, max_tokens=max_tokens, logprobs=logprobs,
-                           constraint=constraint, where="stream", **shorthand)
+               sampling: SamplingParams | Mapping[str, Any] | None = None,
+               **options: Any) -> Stream:
+        """Like generate for one prompt and one sample (the same keywords, checked before
+        anything runs), yielding the tokens and text committed at each target pass (and their
+        logprobs when asked for); the last chunk carries the full result. Text that could
+        still grow into a stop string is held back until it cannot. A stream cut short
+        (Ctrl-C, close()) keeps what it yielded, and its `result` is the partial result
+        (finish_reason "interrupted")."""
+        options = request_options(options, SAMPLING_FIELDS, "stream", sampling is not None)
+        sampling = options.pop("sampling", sampling)  # passed as sampling_params=
+        if several_prompts(prompt) is not None:
+            raise ParameterError("stream() takes one prompt; for several, use generate(list) "
+                                 "or an exactdraft.engine.Engine")
+        n = sample_count(options.pop("n", None), sampling, self.sampling.n)
+        if n != 1:
+            raise ParameterError(f"stream() makes one sample, got n={n}; use generate(n=...) "
+                                 "or an exactdraft.engine.Engine")
+        run = self.prepare(prompt, max_new_tokens, sampling, where="stream", **options)
         return Stream(run, self._chunks(run, stream_text=True))
 
     def prepare(self, prompt: PromptInput, max_new_tokens: int | None = None,
                 sampling: SamplingParams | Mapping[str, Any] | None = None, *,
-                stop: str | Sequence[str] = (), stop_tokens: Sequence[int] | None = None,
-                drafts: bool = True, max_tokens: int | None = None,
-                logprobs: int | None = None, constraint: Any = None,
-                where: str = "generate", **shorthand: Any) -> Run:
-        """A checked request that has not run yet: generate's arguments (sampling fields as
-        keywords in `shorthand`), every one checked, the seed resolved. Raises ParameterError
-        (TokenizerError for text) naming the argument; nothing runs."""
+                where: str = "generate", **options: Any) -> Run:
+        """A checked request for one sample that has not run yet: generate's arguments, every
+        one checked, the seed resolved. Raises ParameterError (TokenizerError for text) naming
+        the argument; nothing runs."""
+        options = request_options(options, SAMPLING_FIELDS, where, sampling is not None)
+        sampling = options.pop("sampling", sampling)  # passed as sampling_params=
+        shorthand = {name: options.pop(name) for name in SAMPLING_FIELDS if name in options}
+        max_tokens = options.pop("max_tokens", None)
+        do_sample = options.pop(DO_SAMPLE, None)
+        stop, stop_tokens = options.pop("stop", None), options.pop("stop_tokens", None)
+        drafts, logprobs = options.pop("drafts", True), options.pop("logprobs", None)
+        constraint = options.pop("constraint", None)
+        if options.pop("n", 1) not in (1, None):
+            raise ParameterError(f"{where}() makes one sample; n is generate's (or "
+                                 "Engine.submit's)")
         if max_new_tokens is not None and max_tokens is not None:
             raise ParameterError(f"{where}() got both max_new_tokens= and max_tokens= (the "
                                  "same setting); pass one")
-        limit = max_tokens if max_new_tokens is None else max_new_tokens
-        limit = _DEFAULT_MAX_NEW_TOKENS if limit is None else limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            name = "max_tokens" if max_tokens is not None else "max_new_tokens"
-            raise ParameterError(f"{name} must be an integer >= 0, got {limit!r}")
         if drafts not in (True, False):
             raise ParameterError(f"drafts must be True or False, got {drafts!r}")
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ParameterError(f"logprobs must be None or an integer in "
                                  f"[0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
-        params = sampling_from(sampling, self.sampling, shorthand, where).with_seed()
+        params = sampling_from(sampling, self.sampling, shorthand, where)
+        if do_sample and params.temperature == 0:
+            raise ParameterError(f"{where}() got do_sample=True but the temperature is 0 "
+                                 "(greedy); pass temperature= > 0")
+        if sample_count(None, sampling) != 1:
+            raise ParameterError(f"{where}() makes one sample, but the sampling asks for "
+                                 f"n={sample_count(None, sampling)}; n is generate's (or "
+                                 "Engine.submit's)")
+        limit = max_tokens if max_new_tokens is None else max_new_tokens
+        named = "max_tokens" if max_tokens is not None else "max_new_tokens"
+        if limit is None:
+            limit, named = params.max_tokens, "max_tokens"
+        limit = _DEFAULT_MAX_NEW_TOKENS if limit is None else limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ParameterError(f"{named} must be an integer >= 0, got {limit!r}")
+        if stop is None:
+            stop = params.stop
+        params = params.without_request().with_seed()
         vocab = self.target.vocab_size
         for token in params.logit_bias:
             if token >= vocab:
                 raise ParameterError(f"logit_bias token id {token} is outside the vocabulary "
                                      f"[0, {vocab})")
-        prompt_ids = encode_prompt(prompt, self.tokenizer, vocab)
+        prompt_ids = encode_prompt(token_ids_from_tensor(prompt), self.tokenizer, vocab)
         if len(prompt_ids) >= self.target.max_context:
             raise ParameterError(f"the prompt has {len(prompt_ids)} tokens, which leaves no "
                                  f"room in the model's context of {self.target.max_context}")

@@ -101,7 +101,11 @@ class SamplingParams:
     penalty (temperature 0 is greedy). `seed=None` draws a fresh seed per generation, reported
     in the result so the run can be replayed. Values are bounded so that no processed logit
     can overflow: logit_bias values and presence/frequency penalties lie in [-1e9, 1e9],
-    repetition_penalty in [1e-9, 1e9]. Errors are ParameterErrors naming the field."""
+    repetition_penalty in [1e-9, 1e9]. Errors are ParameterErrors naming the field.
+
+    `max_tokens`, `stop` and `n` are request settings, as vLLM's SamplingParams carries them:
+    generate and stream use them when the call does not name them (None: 256 tokens; `n`
+    samples per prompt), and they never reach the draw (see REQUEST_FIELDS)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -112,6 +116,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
+    max_tokens: int | None = field(default=None, metadata={"request": True})
+    stop: str | Sequence[str] = field(default=(), metadata={"request": True})
+    n: int = field(default=1, metadata={"request": True})
 
     def __post_init__(self) -> None:
         def number(name: str, value: Any = None, what: str | None = None) -> float:
@@ -164,6 +171,29 @@ class SamplingParams:
             raise ParameterError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
+        self._check_request_fields()
+
+    def _check_request_fields(self) -> None:
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or
+                                            not isinstance(self.max_tokens, (int, np.integer))
+                                            or self.max_tokens < 0):
+            raise ParameterError(f"max_tokens must be an integer >= 0 or None, got "
+                                 f"{self.max_tokens!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or self.n < 1:
+            raise ParameterError(f"n must be an integer >= 1, got {self.n!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, Sequence) or \
+                not all(isinstance(text, str) and text for text in stop):
+            raise ParameterError(f"stop must be a non-empty string or a list of them, got "
+                                 f"{self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        if self.max_tokens is not None:
+            object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        object.__setattr__(self, "n", int(self.n))
+
+    def without_request(self) -> SamplingParams:
+        """The same draw with the request settings (max_tokens, stop, n) at their defaults."""
+        return replace(self, max_tokens=None, stop=(), n=1)
 
     @classmethod
     def greedy(cls) -> SamplingParams:
@@ -203,7 +233,9 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
 
-SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+# The fields that decide the draw, and those that only shape the request.
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams) if not f.metadata.get("request"))
+REQUEST_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.metadata.get("request"))
 
 
 def sampling_from(sampling: SamplingParams | Mapping[str, Any] | None, default: SamplingParams,
@@ -225,9 +257,9 @@ def sampling_from(sampling: SamplingParams | Mapping[str, Any] | None, default: 
                                  f"its fields, got {type(sampling).__name__} {sampling!r}")
         given = dict(sampling)
     for name in given:
-        if name not in SAMPLING_FIELDS:
+        if name not in SAMPLING_FIELDS + REQUEST_FIELDS:
             raise ParameterError(f"{where}(): unknown sampling setting {name!r}; valid "
-                                 f"settings: {', '.join(SAMPLING_FIELDS)}")
+                                 f"settings: {', '.join(SAMPLING_FIELDS + REQUEST_FIELDS)}")
     return replace(default, **given) if given else default
 
 

@@ -25,7 +25,7 @@ from exactdraft.errors import ParameterError, RecordingError
 from exactdraft.generator import GenerationResult, Generator
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput
-from exactdraft.sampling import SamplingParams, sampling_from
+from exactdraft.sampling import SAMPLING_FIELDS, SamplingParams, sampling_from
 
 FORMAT = "exactdraft-recording/2"
 READABLE_FORMATS = ("exactdraft-recording/1", FORMAT)
@@ -59,7 +59,7 @@ def model_fingerprint(generator: Generator) -> str:
 
 
 def _params_dict(params: SamplingParams) -> dict[str, Any]:
-    values = dataclasses.asdict(params)
+    values = {name: getattr(params, name) for name in SAMPLING_FIELDS}  # the draw's fields only
     values["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
     return values
 

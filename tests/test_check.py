@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import exactdraft as xd
@@ -60,8 +62,14 @@ def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint,
         generator = xd.Generator.from_pretrained(knife_edge_checkpoint,
                                                  backend="torch-inexact",
                                                  drafter=xd.PromptLookup(min_match=1))
+    lines = []
     report = check_exactness(generator, KNIFE_PROMPTS, range(2),
-                             [xd.SamplingParams(temperature=t) for t in (0.0, 1.0)], 40)
+                             [xd.SamplingParams(temperature=t) for t in (0.0, 1.0)], 40,
+                             on_case=lambda case, done, total: lines.append(
+                                 (done, total, case.line())))
+    assert [line for _, _, line in lines] == [case.line() for case in report.cases]
+    assert [(done, total) for done, total, _ in lines] == [
+        (i, len(report.cases)) for i in range(1, len(report.cases) + 1)]
     assert report.drafting_note is not None
     assert_drafts_ran(report)  # the check drafts anyway, to measure what drafting would do
     assert not report.passed
@@ -69,6 +77,8 @@ def test_check_finds_the_divergence_on_an_inexact_backend(knife_edge_checkpoint,
     assert failure.drafted_token != failure.serial_token
     assert failure.logits_max_difference is None or failure.logits_max_difference > 0
     assert "first difference at output token" in report.failures()
+    assert f"DIFFERS from output token {failure.index}" in " ".join(c.line() for c in
+                                                                     report.cases)
 
 
 def test_cli_check_exit_status(tiny_checkpoints, knife_edge_checkpoint, capsys, one_torch_thread):
@@ -84,6 +94,26 @@ def test_cli_check_exit_status(tiny_checkpoints, knife_edge_checkpoint, capsys, 
                        "1", "--max-new-tokens", "40", "--temperatures", "0", "--raw"])
     assert status == 1
     assert "first difference" in capsys.readouterr().out
+
+
+def test_cli_check_prints_a_line_per_case_when_stdout_is_not_a_terminal(tiny_checkpoints,
+                                                                       capsys, monkeypatch):
+    argv = ["check", tiny_checkpoints["llama"], "--backend", "torch", "--seeds", "2",
+            "--max-new-tokens", "8", "--temperatures", "0,0.8", "--raw"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("checking 20 cases (5 prompts x 2 seeds x 2 temperatures), drafted "
+                        "against serial; loading the model")
+    cases = [line for line in lines if line.startswith("case ")]
+    assert len(cases) == 20 and cases[0].startswith("case 1/20: prompt 0, seed 0, t=0: "
+                                                    "identical, 8 tokens, acceptance ")
+    assert cases[-1].startswith("case 20/20: prompt 4, seed 1, t=0.8: identical")
+    assert lines.index(cases[-1]) < lines.index("all 20 cases identical")
+    # On a terminal the progress bar shows the cases instead: no case lines.
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert main(argv) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith(("case ", "checking "))]
 
 
 def test_cli_generate_and_compare(tiny_checkpoints, capsys):

@@ -111,13 +111,17 @@ def test_finish_reasons_incomplete_and_unsatisfiable(generators):
     assert short.finish_reason == "incomplete"
     with pytest.raises(xd.ParameterError, match="incomplete"):
         short.json()
-    # No stop token may end the text, so once the choice is written nothing is allowed.
-    stuck = generator.generate(ASK, 20, temperature=0.0, constraint=KINDS["choices"],
+    # No stop token may end the text: once the choice is written nothing may follow, and the
+    # complete match ends the generation.
+    ended = generator.generate(ASK, 20, temperature=0.0, constraint=KINDS["choices"],
                                stop_tokens=[])
-    assert stuck.finish_reason == "unsatisfiable"
-    assert stuck.text in ("Oslo", "Paris", "Rome")
-    again = generator.generate(ASK, 20, temperature=0.0, constraint=KINDS["choices"],
-                               stop_tokens=[], drafts=False)
+    assert ended.finish_reason == "stop" and ended.text in ("Oslo", "Paris", "Rome")
+    # A grammar with no way to finish: after "Yes" nothing is allowed.
+    no_end = Constraint.grammar('start: "Yes" b\nb: b "c"')
+    stuck = generator.generate(ASK, 20, temperature=0.9, seed=4, constraint=no_end)
+    assert stuck.finish_reason == "unsatisfiable" and stuck.text == "Yes"
+    again = generator.generate(ASK, 20, temperature=0.9, seed=4, constraint=no_end,
+                               drafts=False)
     assert same(stuck, again)
 
 

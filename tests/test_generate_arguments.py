@@ -213,11 +213,54 @@ def test_progress_shows_on_a_terminal_only():
             shown.phase("starting")
             shown.count(3, 3, "cases")
     assert "exactdraft: check: starting" in terminal.getvalue()
-    assert "3/3 cases" in terminal.getvalue() and terminal.getvalue().endswith("\r\x1b[K")
+    assert "3/3 cases" in terminal.getvalue() and _erased(terminal.getvalue())
     assert pipe.getvalue() == ""
     with Progress("forced", progress=True, stream=pipe) as shown:
         shown.phase("on")
-    assert "forced: on" in pipe.getvalue()
+    assert "forced: on" in pipe.getvalue() and _erased(pipe.getvalue())
+
+
+def _erased(shown: str) -> bool:
+    """Whether the last thing drawn is a blank line ended by a carriage return."""
+    return shown.endswith("\r") and shown.rsplit("\r", 2)[-2].strip() == ""
+
+
+def test_progress_lets_tqdm_auto_decide_and_falls_back_to_plain_lines(monkeypatch):
+    import exactdraft.progress as progress
+
+    made = []
+
+    class Bar:
+        def __init__(self, **options):
+            made.append(options)
+            self.disable = options["disable"]
+
+        def set_description_str(self, text, refresh=True):
+            made.append(text)
+
+        def close(self):
+            made.append("closed")
+
+    monkeypatch.setattr(progress, "_bar_class", lambda: Bar)
+    with Progress("loading", stream=io.StringIO()) as shown:  # a notebook: tqdm decides
+        shown.phase("reading")
+    assert made[0]["disable"] is None and made[0]["leave"] is False
+    assert made[1:] == ["exactdraft: loading: reading", "closed"]
+    made.clear()
+    with Progress("loading", progress=False) as shown:
+        shown.phase("reading")
+    assert made == []
+    monkeypatch.setattr(progress, "_bar_class", lambda: None)  # tqdm not installed
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        with Progress("check", stream=stream) as shown:
+            shown.phase("starting")
+            shown.count(2, 2, "cases")
+    lines = terminal.getvalue().splitlines()
+    assert [line.rsplit(" (", 1)[0] for line in lines] == ["exactdraft: check: starting",
+                                                           "exactdraft: check: 2/2 cases"]
+    assert "\r" not in terminal.getvalue() and "\x1b" not in terminal.getvalue()
+    assert pipe.getvalue() == ""
 
 
 def test_loading_and_the_guard_show_progress_when_asked(tiny_checkpoints, capsys):
@@ -229,7 +272,7 @@ def test_loading_and_the_guard_show_progress_when_asked(tiny_checkpoints, capsys
     for phase in ("reading the checkpoint", "building the model", "load-time guard",
                   "measuring verify-pass costs"):
         assert phase in err
-    assert err.endswith("\r\x1b[K")
+    assert _erased(err)
 
 
 def test_check_and_recording_show_progress_when_asked(generator, tmp_path, capsys):
@@ -241,7 +284,169 @@ def test_check_and_recording_show_progress_when_asked(generator, tmp_path, capsy
     path = str(tmp_path / "run.json")
     record_generation(generator, path, PROMPT, 8, {"seed": 1}, progress=True)
     assert "recording run.json" in capsys.readouterr().err
+    with open(path) as handle:  # the request-only SamplingParams fields stay out of the file
+        assert set(json.load(handle)["sampling"]) == set(xd.sampling.SAMPLING_FIELDS)
     assert_reproduces(generator, path, progress=True)
     assert "replaying run.json" in capsys.readouterr().err
     assert_reproduces(generator, path)
     assert capsys.readouterr().err == ""
+
+
+# -- the calls people already type -------------------------------------------------------------
+
+PROMPTS = [PROMPT, [9, 8, 7, 9, 8, 7, 9, 8], [3, 4, 5, 3, 4, 5, 3, 4, 5, 3]]
+
+
+def test_a_list_of_prompts_runs_through_the_engine_and_equals_each_call(generator, monkeypatch):
+    from exactdraft.engine.scheduler import Engine
+
+    batches = []
+    real = Engine.generate_batch
+
+    def counted(engine, prompts, **options):
+        batches.append(len(prompts))
+        return real(engine, prompts, **options)
+
+    monkeypatch.setattr(Engine, "generate_batch", counted)
+    results = generator.generate(PROMPTS, 12, temperature=0.8, seed=3, stop_tokens=[])
+    assert batches == [3] and isinstance(results, list) and len(results) == 3
+    for prompt, result in zip(PROMPTS, results):
+        alone = generator.generate(prompt, 12, temperature=0.8, seed=3, stop_tokens=[])
+        assert result.tokens == alone.tokens and result.seed == 3 and len(result.tokens) == 12
+        assert result.prompt_tokens == prompt
+    # Negative control: the comparison sees a difference where there is one.
+    other = generator.generate(PROMPTS[0], 12, temperature=0.8, seed=4, stop_tokens=[])
+    assert other.tokens != results[0].tokens
+    assert generator.generate((PROMPT,), 12, seed=3)[0].tokens == \
+        generator.generate(PROMPT, 12, seed=3).tokens  # a tuple of one prompt: a list of one
+
+
+def test_n_returns_n_samples_each_replayable_alone(generator):
+    from exactdraft.engine import sample_seed
+
+    samples = generator.generate(PROMPT, 10, n=3, temperature=1.0, seed=11, stop_tokens=[])
+    assert isinstance(samples, list) and len(samples) == 3
+    for j, sample in enumerate(samples):
+        assert sample.seed == sample_seed(11, j)
+        assert sample.tokens == generator.generate(PROMPT, 10, temperature=1.0, seed=sample.seed,
+                                                   stop_tokens=[]).tokens
+    assert len({tuple(s.tokens) for s in samples}) > 1  # the samples differ
+    grouped = generator.generate(PROMPTS[:2], 10, num_return_sequences=2, seed=11,
+                                 stop_tokens=[])
+    assert [len(group) for group in grouped] == [2, 2]
+    assert [s.tokens for s in grouped[0]] == [s.tokens for s in samples[:2]]
+    from_params = generator.generate(PROMPT, sampling=xd.SamplingParams(n=2, seed=11,
+                                                                        max_tokens=10),
+                                     stop_tokens=[])
+    assert [s.tokens for s in from_params] == [s.tokens for s in samples[:2]]
+
+
+def test_sampling_params_carry_max_tokens_stop_and_n(generator, tiny_checkpoints):
+    assert xd.SamplingParams(stop="x").stop == ("x",)
+    with pytest.raises(xd.ParameterError, match="stop strings need a tokenizer"):
+        generator.generate(PROMPT, sampling=xd.SamplingParams(stop="x"))  # it reached the call
+    params = xd.SamplingParams(temperature=0.9, seed=5, max_tokens=7, n=1)
+    assert "max_tokens" not in xd.sampling.SAMPLING_FIELDS
+    result = generator.generate(PROMPT, sampling=params, stop_tokens=[])
+    assert len(result.tokens) == 7 and result.seed == 5
+    run = generator.prepare(PROMPT, sampling=params)
+    assert run.params == xd.SamplingParams(temperature=0.9, seed=5) and run.max_new_tokens == 7
+    assert len(generator.generate(PROMPT, 3, params, stop_tokens=[]).tokens) == 3  # call wins
+    stream = generator.stream(PROMPT, sampling={"max_tokens": 4, "seed": 5}, stop_tokens=[])
+    assert len([t for chunk in stream for t in chunk.tokens]) == 4
+    texts = xd.Generator.from_pretrained(tiny_checkpoints["qwen2"], "torch", progress=False)
+    reply = texts.generate("abcabc", 30, seed=2, temperature=0.8).text
+    stop = reply[len(reply) // 2:len(reply) // 2 + 2]
+    by_call = texts.generate("abcabc", 30, seed=2, temperature=0.8, stop=stop)
+    by_params = texts.generate("abcabc", sampling=xd.SamplingParams(
+        seed=2, temperature=0.8, max_tokens=30, stop=[stop]))
+    assert by_params.text == by_call.text == reply[:reply.index(stop)]
+    assert by_params.finish_reason == "stop"
+    for bad, match in ((dict(max_tokens=-1), "max_tokens must be an integer >= 0"),
+                       (dict(n=0), "n must be an integer >= 1"),
+                       (dict(stop=[""]), "stop must be a non-empty string"),
+                       (dict(stop=3), "stop must be a non-empty string")):
+        with pytest.raises(xd.ParameterError, match=match):
+            xd.SamplingParams(**bad)
+
+
+def test_do_sample_false_is_greedy_and_foreign_names_map_to_ours(generator):
+    greedy = generator.generate(PROMPT, 12, temperature=0, stop_tokens=[])
+    assert generator.generate(PROMPT, 12, do_sample=False, seed=9, stop_tokens=[]).tokens == \
+        greedy.tokens
+    sampled = generator.generate(PROMPT, 12, temperature=0.6, repetition_penalty=1.2, seed=9,
+                                 stop_tokens=[2])
+    assert generator.generate(PROMPT, 12, temp=0.6, repeat_penalty=1.2, seed=9,
+                              eos_token_id=2).tokens == sampled.tokens
+    assert generator.generate(PROMPT, 12, temp=0.6, repeat_penalty=1.2, seed=9,
+                              stop_token_ids=[2], do_sample=True).tokens == sampled.tokens
+    assert generator.generate(PROMPT, sampling_params=xd.SamplingParams(
+        temperature=0.6, repetition_penalty=1.2, seed=9, max_tokens=12),
+        stop_tokens=[2]).tokens == sampled.tokens
+    # Negative control: a different temperature gives different tokens here.
+    assert generator.generate(PROMPT, 12, temperature=1.5, repetition_penalty=1.2, seed=9,
+                              stop_tokens=[2]).tokens != sampled.tokens
+
+
+@pytest.mark.parametrize("call,match", [
+    (dict(temprature=0.5), "unknown keyword 'temprature'; valid keywords: max_new_tokens, "
+                           "max_tokens, sampling, stop, stop_tokens, drafts, logprobs, "
+                           "constraint, n, temperature"),
+    (dict(max_new_token=5), "unknown keyword 'max_new_token'.*also understood: do_sample"),
+    (dict(temp=0.5, temperature=0.5), "both temp= and temperature="),
+    (dict(do_sample=False, temperature=0.7), "do_sample=False .greedy. and temperature=0.7"),
+    (dict(do_sample=True, temperature=0), "do_sample=True and temperature=0"),
+    (dict(do_sample="no"), "do_sample must be True or False"),
+    (dict(do_sample=False, sampling=xd.SamplingParams()), "both sampling= and do_sample=False"),
+    (dict(sampling_params=xd.SamplingParams(), sampling=xd.SamplingParams()),
+     "both sampling= and sampling_params="),
+    (dict(stop_strings=["a"], stop=["b"]), "both stop_strings= and stop="),
+])
+def test_unknown_or_doubled_keywords_name_the_valid_ones(generator, call, match):
+    for method in (generator.generate, generator.stream):
+        with pytest.raises(xd.ParameterError, match=match):
+            method(PROMPT, 4, **call)
+
+
+def test_stream_takes_one_prompt_and_one_sample(generator):
+    with pytest.raises(xd.ParameterError, match="stream.. takes one prompt"):
+        generator.stream(PROMPTS)
+    with pytest.raises(xd.ParameterError, match="stream.. makes one sample, got n=2"):
+        generator.stream(PROMPT, n=2)
+    with pytest.raises(xd.ParameterError, match="makes one sample, but the sampling asks for n=2"):
+        generator.prepare(PROMPT, sampling=xd.SamplingParams(n=2))
+
+
+def test_a_bad_prompt_in_a_list_is_named_before_anything_runs(generator, monkeypatch):
+    from exactdraft.engine.scheduler import Engine
+
+    monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("the engine started"))
+    with pytest.raises(xd.ParameterError, match="prompt token id 999 at index 1"):
+        generator.generate([PROMPT, [1, 999]], 4)
+    with pytest.raises(xd.ParameterError, match="n must be an integer >= 1, got 0"):
+        generator.generate(PROMPT, 4, n=0)
+
+
+def test_torch_tensor_prompts(generator):
+    torch = pytest.importorskip("torch")
+    expected = generator.generate(PROMPT, 8, seed=1, stop_tokens=[]).tokens
+    flat = torch.tensor(PROMPT)
+    assert generator.generate(flat, 8, seed=1, stop_tokens=[]).tokens == expected
+    assert generator.generate(flat[None, :], 8, seed=1, stop_tokens=[]).tokens == expected
+    assert [r.tokens for r in generator.generate([flat, torch.tensor(PROMPTS[1])], 8, seed=1,
+                                                 stop_tokens=[])][0] == expected
+    with pytest.raises(xd.ParameterError, match=r"shape \[2, 13\] holds 2 prompts"):
+        generator.generate(torch.stack([flat, flat]), 8)
+    with pytest.raises(xd.ParameterError, match="must be 1-D or"):
+        generator.generate(flat.reshape(1, 1, -1), 8)
+    with pytest.raises(xd.ParameterError, match="not a token id"):
+        generator.generate(flat.float(), 8)
+
+
+def test_the_repr_names_model_backend_arithmetic_and_drafter(generator, tiny_targets):
+    text = repr(generator)
+    target = tiny_targets["llama"]
+    assert text.startswith(f"Generator(model={type(target).__name__}(llama)")
+    assert f"backend={target.backend!r}" in text and f"arithmetic={target.arithmetic!r}" in text
+    assert "drafter=PromptLookup(" in text and "drafting on" in text
+    assert "drafter=None, serial" in repr(xd.Generator(target))

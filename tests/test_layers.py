@@ -21,11 +21,11 @@ RANKS = {
     "models": 5,
     "loading": 5,
     "sampling": 6, "sampling_native": 6, "prompts": 6, "stops": 6, "pretrained": 6,
-    "constraints": 6, "constraint_tokens": 6,
+    "constraints": 6, "constraint_tokens": 6, "tool_calls": 6, "tool_readers": 6,
     "guard": 7, "depth": 7, "verify": 7, "drafters": 7, "drafting": 7, "constrained": 7,
     "results": 7,
     "generator": 8, "decoding": 8, "scoring": 8,
-    "engine": 8.5,
+    "engine": 8,  # the Generator runs a list of prompts through the Engine
     "server": 8.75,
     "check": 9, "training": 9,
     "testing": 10,

@@ -1,4 +1,5 @@
-"""Drafters: cheap guesses of the next tokens, checked by the Verifier."""
+"""Drafters: cheap guesses of the next tokens, checked by the Verifier. Their spec names
+(`lookup`, `head:PATH`, `lookup+head`, ...) are one table: exactdraft.drafters.registry."""
 
 from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
 from exactdraft.drafters.draft_model import DraftModel

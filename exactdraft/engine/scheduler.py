@@ -28,7 +28,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,10 +36,12 @@ from exactdraft.decoding import Decoding
 from exactdraft.engine.prefix_cache import Block, PrefixCache
 from exactdraft.engine.submission import QueueFull, Submission, sample_seed
 from exactdraft.errors import ParameterError
-from exactdraft.generator import Generator
 from exactdraft.models.target import Pass, PassRows, capabilities_of, run_pass
 from exactdraft.prompts import PromptInput
 from exactdraft.results import Chunk, GenerationResult
+
+if TYPE_CHECKING:  # Generator.generate runs lists of prompts through the Engine
+    from exactdraft.generator import Generator
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Engine:
         pass (default: the Generator's prefill_chunk); `max_waiting`: requests queued beyond
         those, after which submit raises QueueFull; `prefix_cache`: where prompt prefixes are
         kept (used only when the target declares `kv_prefixes`)."""
-        if not isinstance(generator, Generator):
+        if not all(hasattr(generator, name) for name in ("prepare", "target", "lock")):
             raise ParameterError(f"Engine needs a Generator, got {type(generator).__name__}")
         for name, value in (("max_sequences", max_sequences), ("max_waiting", max_waiting),
                             ("max_pass_tokens", max_pass_tokens or 1)):

@@ -7,7 +7,8 @@
 # Sourced by scripts/test.sh and scripts/demo.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if [ "${EXTRAS:-test}" = "test" ] && command -v apt-get >/dev/null 2>&1; then
+case ",${EXTRAS:-test}," in *,test,*) testing=1 ;; *) testing=0 ;; esac
+if [ "$testing" = 1 ] && command -v apt-get >/dev/null 2>&1; then
   tools="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libsimde-dev"
   if ! dpkg -s $tools >/dev/null 2>&1; then
     sudo=""

@@ -9,7 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-default}"
-EXTRAS=test . scripts/install.sh
+# The slow job also drives the server with lm-evaluation-harness and Ray Serve.
+case "$job" in
+  slow|all) EXTRAS=test,integrations . scripts/install.sh ;;
+  *) EXTRAS=test . scripts/install.sh ;;
+esac
 ruff check exactdraft tests benchmarks examples
 pytest=(python -m pytest -q -rs --durations=15 -n 2 --dist loadfile)
 case "$job" in

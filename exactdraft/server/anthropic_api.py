@@ -22,6 +22,7 @@ from exactdraft.server.fields import (
     RequestError,
     Wanted,
     chat_messages,
+    constraint_from,
     integer,
     refuse_unsupported,
     sampling_fields,
@@ -68,7 +69,7 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         prompt = chat_messages(conversation, system=system_text)
     return Wanted(prompt=prompt, max_tokens=max_tokens,
                   tools=request if request is not None and request.active else None,
-                  constraint_grammar=tools.constraint_for(request),
+                  constraint=constraint_from(body, tools.constraint_for(request)),
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
@@ -92,7 +93,8 @@ class Reply:
             if isinstance(result.stop, str):
                 return "stop_sequence", result.stop
             return "end_turn", None
-        return ("max_tokens", None) if result.finish_reason in ("length", "context") else \
+        return ("max_tokens", None) \
+            if result.finish_reason in ("length", "context", "incomplete") else \
             ("end_turn", None)
 
     def _message(self, content: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:

@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.sampling import TokenLogprob
-from exactdraft.server.fields import RequestError, Wanted, integer, refuse_unsupported, typed
+from exactdraft.server.fields import (
+    RequestError,
+    Wanted,
+    constraint_from,
+    integer,
+    refuse_unsupported,
+    typed,
+)
 from exactdraft.server.openai_api import common
 from exactdraft.server.service import Service
 
@@ -32,6 +39,7 @@ def completion_request(body: Mapping[str, Any],
     refuse_unsupported(body, ("tools", "tool_choice"))  # a completion has no chat to call from
     prompts = prompt_list(body.get("prompt"))
     wanted = common(body, service, prompts[0])
+    wanted.constraint = constraint_from(body)
     if wanted.max_tokens is None:
         wanted.max_tokens = min(16, service.target.max_context - 1)  # OpenAI's default
     wanted.logprobs = integer(body, "logprobs", 0, 20)

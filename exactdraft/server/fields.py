@@ -45,9 +45,60 @@ class Wanted:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields given
     include_usage: bool = False
     tools: Any = None  # a server.tools.ToolRequest when the output is read for tool calls
-    # The Lark grammar the output must follow (server.tools.constraint_for), for the engine's
-    # constraint support; None: free output.
-    constraint_grammar: str | None = None
+    # What the output must follow (an exactdraft.Constraint: response_format, the
+    # `constraint` extension, or a tool call's grammar); None: free output.
+    constraint: Any = None
+
+
+# The `constraint` extension field (both APIs): one key naming the kind.
+CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choices")
+
+
+def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) -> Any:
+    """The request's constraint: OpenAI's response_format (json_schema or json_object), the
+    `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
+    {"json_schema": {...}}), or the grammar its tool_choice asks for; at most one. A
+    RequestError names the field whose constraint cannot be built."""
+    from exactdraft.constraints import Constraint
+    from exactdraft.errors import ConstraintError
+
+    found: list[tuple[str, Any]] = []
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "json_object":
+            found.append(("response_format", lambda: Constraint.json_schema({"type": "object"})))
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise RequestError("response_format.json_schema.schema must be a JSON schema "
+                                   "object", "response_format.json_schema.schema")
+            found.append(("response_format", lambda: Constraint.json_schema(schema)))
+        else:
+            raise RequestError("response_format.type must be text, json_object or json_schema",
+                               "response_format.type")
+    extension = body.get("constraint")
+    if extension is not None:
+        if not isinstance(extension, dict) or len(extension) != 1 or \
+                next(iter(extension)) not in CONSTRAINT_KINDS:
+            raise RequestError(f"constraint must be an object with one of the keys "
+                               f"{', '.join(CONSTRAINT_KINDS)}", "constraint")
+        kind, value = next(iter(extension.items()))
+        build = getattr(Constraint, kind)
+        found.append((f"constraint.{kind}", lambda: build(value)))
+    if tool_grammar is not None:
+        found.append(("tool_choice", lambda: Constraint.grammar(tool_grammar)))
+    if len(found) > 1:
+        raise RequestError(f"{found[0][0]} and {found[1][0]} both constrain the output; send "
+                           "one", found[1][0])
+    if not found:
+        return None
+    field_name, build_constraint = found[0]
+    try:
+        return build_constraint()
+    except (ConstraintError, TypeError, ValueError) as error:
+        raise RequestError(f"{field_name}: {error}", field_name) from None
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

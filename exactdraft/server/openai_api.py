@@ -24,6 +24,7 @@ from exactdraft.server.fields import (
     RequestError,
     Wanted,
     chat_messages,
+    constraint_from,
     integer,
     refuse_unsupported,
     sampling_fields,
@@ -39,16 +40,13 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "logit_bias": "logit_bias", "seed": "seed"}
 # `prediction` (predicted output) is accepted and ignored: it could change speed only.
 UNSUPPORTED = ("functions", "function_call", "audio", "suffix")
-FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
+FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop",
+          "incomplete": "length", "unsatisfiable": "stop"}
 
 
 def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
     refuse_unsupported(body, UNSUPPORTED)
     service.check_model(dict(body))
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise RequestError("response_format other than text is not supported",
-                           "response_format")
     limit = service.target.max_context
     max_tokens = integer(body, "max_completion_tokens", 0, limit)
     if max_tokens is None:
@@ -70,9 +68,9 @@ def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
         wanted.prompt = tools.prompt_ids(service, tools.openai_history(body.get("messages")),
                                          request)
         wanted.tools = request if request is not None and request.active else None
-        wanted.constraint_grammar = tools.constraint_for(request)
     else:
         wanted.prompt = chat_messages(body.get("messages"))
+    wanted.constraint = constraint_from(body, tools.constraint_for(request))
     if typed(body, "logprobs", (bool,), "true or false", False):
         wanted.logprobs = top_logprobs(body, "top_logprobs")
     elif body.get("top_logprobs") is not None:

@@ -114,7 +114,8 @@ class Service:
         try:
             submission = self.engine.submit(ids, n=wanted.n, max_new_tokens=max_tokens,
                                             stop=wanted.stop, logprobs=wanted.logprobs,
-                                            drafts=wanted.drafts, **wanted.sampling)
+                                            drafts=wanted.drafts, constraint=wanted.constraint,
+                                            **wanted.sampling)
         except QueueFull as error:
             raise RequestError(str(error), None, 429, "rate_limit_error") from None
         except (ParameterError, TokenizerError) as error:

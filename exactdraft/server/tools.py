@@ -12,7 +12,7 @@ no tool support).
 
 Constraints: `constraint_for` is the one hook that says what the output must follow: the Lark
 grammar (llguidance's dialect) of the calls a request requires (tool_choice required or named)
-or of strict functions' arguments; the server stores it on `Wanted.constraint_grammar` for the
+or of strict functions' arguments; the server builds `Wanted.constraint` from it for the
 engine's constraint support to apply.
 """
 

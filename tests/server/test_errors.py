@@ -82,7 +82,7 @@ OPENAI_ONLY = [
     (dict(logit_bias={"-1": 1}), "logit_bias"),
     (dict(presence_penalty="x"), "presence_penalty"),
     (dict(stream_options="x"), "stream_options"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "xml"}), "response_format.type"),
 ]
 MESSAGES_ONLY = [
     (dict(max_tokens=None), "max_tokens"),

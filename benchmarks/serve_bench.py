@@ -208,7 +208,7 @@ def stream_in_python(generator, messages: list[dict], options: dict):
 
 def server(generator, args) -> dict:
     try:
-        from exactdraft.server.service import token_digest
+        from exactdraft.results import token_digest
     except ImportError as error:
         return {"skipped": f"the server extra is not installed ({error})"}
     messages, seed = requests(1)[0]

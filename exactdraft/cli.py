@@ -390,30 +390,17 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def receipt(generator: Any, result: Any) -> dict[str, Any]:
-    """The server's receipt of a result (exactdraft.server.service), for --json."""
-    from exactdraft.server.service import token_digest
-
-    target, stats = generator.target, result.stats
-    backend = getattr(target, "backend", None)
-    return {"token_ids_sha256": token_digest(result.tokens),
-            "prompt_ids_sha256": token_digest(result.prompt_tokens),
-            "completion_tokens": len(result.tokens), "seed": result.seed,
-            "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
-            "backend": type(target).__name__ if backend is None else
-            f"{backend.name} {backend.device} {backend.dtype}",
-            "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}
-
-
 def result_json(generator: Any, result: Any) -> dict[str, Any]:
     from dataclasses import asdict
+
+    from exactdraft.results import receipt
 
     stats = asdict(result.stats)
     stats.update(acceptance=result.stats.acceptance, tokens_per_pass=result.stats.tokens_per_pass,
                  tokens_per_second=result.stats.tokens_per_second)
     return {"tokens": result.tokens, "text": result.text, "finish_reason": result.finish_reason,
             "stop": result.stop, "seed": result.seed, "prompt_tokens": result.prompt_tokens,
-            "stats": stats, "receipt": receipt(generator, result)}
+            "stats": stats, "receipt": receipt(generator.target, result)}
 
 
 def print_json(generator: Any, args: argparse.Namespace, prompt: Any, params: Any) -> int:

@@ -7,7 +7,9 @@ drafts carried the generation.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,7 +18,7 @@ from exactdraft.errors import ParameterError
 from exactdraft.sampling import SamplingParams, TokenLogprob
 from exactdraft.stops import StopMatcher
 
-__all__ = ["Chunk", "GenerationResult", "GenerationStats", "Run"]
+__all__ = ["Chunk", "GenerationResult", "GenerationStats", "Run", "receipt", "token_digest"]
 
 
 @dataclass
@@ -134,3 +136,23 @@ class Run:
                                 finish_reason=reason, seed=self.params.seed, stats=self.stats,
                                 prompt_tokens=list(self.prompt_ids), stop=self.stops.matched,
                                 logprobs=logprobs)
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """sha256 (hex) of token ids written as decimal numbers joined by commas: "1,2,3"."""
+    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()
+
+
+def receipt(target: Any, result: GenerationResult) -> dict[str, Any]:
+    """What replays and proves a result: the digests of its prompt and tokens, its seed, how
+    it was drafted, and the model's backend, arithmetic and weights digest (the server's
+    `receipt` field and the CLI's --json print this)."""
+    stats = result.stats
+    backend = getattr(target, "backend", None)
+    return {"token_ids_sha256": token_digest(result.tokens),
+            "prompt_ids_sha256": token_digest(result.prompt_tokens),
+            "completion_tokens": len(result.tokens), "seed": result.seed,
+            "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
+            "backend": type(target).__name__ if backend is None else
+            f"{backend.name} {backend.device} {backend.dtype}",
+            "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}

@@ -14,22 +14,16 @@ cut into chunks (tests/server/test_scale_out.py).
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from exactdraft.decoding import GenerationResult
 from exactdraft.engine import Engine, QueueFull, Submission
 from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
+from exactdraft.results import GenerationResult, receipt
 from exactdraft.server.fields import RequestError, Wanted
 
 DEFAULT_MAX_TOKENS = 256
-
-
-def token_digest(tokens: Sequence[int]) -> str:
-    """sha256 (hex) of token ids written as decimal numbers joined by commas: "1,2,3"."""
-    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()
 
 
 def check_aliases(model_name: str, aliases: Mapping[str, str] | None) -> dict[str, str]:
@@ -61,9 +55,6 @@ class Service:
         self.generator = engine.generator
         self.target = engine.target
         self.tokenizer = engine.generator.tokenizer
-        backend = getattr(self.target, "backend", None)
-        self.backend = type(self.target).__name__ if backend is None else \
-            f"{backend.name} {backend.device} {backend.dtype}"
         self.live: set[Submission] = set()  # submitted and not done, for kv_usage
 
     def check_model(self, body: dict[str, Any]) -> None:
@@ -132,14 +123,7 @@ class Service:
         return min(1.0, held / (self.engine.max_sequences * self.target.max_context))
 
     def receipt(self, result: GenerationResult) -> dict[str, Any]:
-        stats = result.stats
-        return {"token_ids_sha256": token_digest(result.tokens),
-                "prompt_ids_sha256": token_digest(result.prompt_tokens),
-                "completion_tokens": len(result.tokens), "seed": result.seed,
-                "drafting": stats.drafting, "drafted": stats.drafted,
-                "accepted": stats.accepted, "backend": self.backend,
-                "arithmetic": self.target.arithmetic,
-                "weights_digest": self.target.weights_digest()}
+        return receipt(self.target, result)
 
     def piece(self, token: int) -> str:
         """The text of one token, for logprobs."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from exactdraft.engine import sample_seed
-from exactdraft.server.service import token_digest
+from exactdraft.results import token_digest
 from tests.server.conftest import MODEL
 
 openai = pytest.importorskip("openai")

@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 from exactdraft.engine import sample_seed
-from exactdraft.server.service import token_digest
+from exactdraft.results import token_digest
 from tests.server.conftest import MODEL
 
 REQUESTS = 32

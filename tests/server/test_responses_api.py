@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from exactdraft.server.service import token_digest
+from exactdraft.results import token_digest
 from tests.server.conftest import MODEL
 from tests.server.live import post
 

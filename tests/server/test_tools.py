@@ -24,9 +24,10 @@ import pytest
 import exactdraft as xd
 from exactdraft.decoding import Chunk
 from exactdraft.loading.chat_template import render_chat_with_tools
+from exactdraft.results import token_digest
 from exactdraft.server import anthropic_api, openai_api
 from exactdraft.server.fields import Wanted
-from exactdraft.server.service import Service, token_digest
+from exactdraft.server.service import Service
 from exactdraft.server.tools import ToolRequest
 from exactdraft.tool_calls import ToolCallError, format_named
 from tests.conftest import needs_smollm2

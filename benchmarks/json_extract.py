@@ -3,9 +3,9 @@
 Side by side in one process, for one schema (an object of 10 fixed keys with enums, numbers,
 bounded strings and two nested objects): decode tokens/s of the serial run and of the drafted
 run (the tokens the schema forces verified as drafts, with and without prompt lookup), the
-ratio, whether the tokens were identical; the constraint's cost per serial decode step (mask and advance, measured by
-replaying the serial output through the matcher, against the step's time); and over --seeds
-seeds at temperature 0.8, how many outputs parse and validate (jsonschema).
+ratio, whether the tokens were identical; the constraint's cost per serial decode step (mask
+and advance, measured by replaying the serial output through the matcher, against the step's
+time); and over --seeds seeds at temperature 0.8, how many outputs parse and validate.
 
     python benchmarks/json_extract.py [--tokens 256] [--repeats 3] [--seeds 50]
 """

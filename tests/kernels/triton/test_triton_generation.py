@@ -23,7 +23,7 @@ import exactdraft.kernels.triton.attention as triton_attention  # noqa: E402
 from exactdraft.backends.torch_cuda import TorchCudaBackend  # noqa: E402
 
 REPEATED = 71  # a token the bias below favours: the answer repeats it, so drafts are kept
-PROMPT = [REPEATED] * 5 + [5, 17, 60, 3, 41, 12] + [REPEATED] * 5
+PROMPT = ([REPEATED] * 5 + [5, 17, 60, 3, 41, 12]) * 2 + [REPEATED] * 5
 # (temperature, options): the bias makes the answer repeat the token often but not always, so
 # drafts are kept and rejected in one run.
 CASE = (0.0, {"logit_bias": {REPEATED: 2.0}})
@@ -76,15 +76,16 @@ def same(drafted, serial) -> bool:
 
 @pytest.fixture(scope="module")
 def small_chunk_runs(tiny_checkpoints):
-    """The drafted and serial runs of tiny llama in bfloat16, and the drafted run of the
-    row-count dependent backend, with the attention in small chunks."""
+    """The drafted and serial runs of tiny mistral (llama with a 24-key sliding window) in
+    bfloat16, and the drafted run of the row-count dependent backend, with the attention in
+    small chunks: the window's first key moves across tiles and chunks as the run goes on."""
     temperature, options = CASE
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_attention, "attention_config", small_chunks)
-        exact = generator(tiny_checkpoints["llama"], TorchCudaBackend(device="cpu",
+        exact = generator(tiny_checkpoints["mistral"], TorchCudaBackend(device="cpu",
+                                                                        dtype="bfloat16"))
+        wrong = generator(tiny_checkpoints["mistral"], RowCountSplitK(device="cpu",
                                                                       dtype="bfloat16"))
-        wrong = generator(tiny_checkpoints["llama"], RowCountSplitK(device="cpu",
-                                                                    dtype="bfloat16"))
         return (runs(exact, PROMPT, temperature, options, drafts=True),
                 runs(exact, PROMPT, temperature, options, drafts=False),
                 runs(wrong, PROMPT, temperature, options, drafts=True))
@@ -96,7 +97,7 @@ def test_drafted_equals_serial_through_the_triton_kernels(small_chunk_runs):
     assert drafted.stats.drafting and drafted.stats.drafter_faults.total == 0
     # Drafts kept, and drafts rejected (their keys rolled back and overwritten).
     assert 0 < drafted.stats.accepted < drafted.stats.drafted, drafted.stats
-    assert len(PROMPT) + NEW_TOKENS > 16  # the context crossed a chunk
+    assert len(PROMPT) + NEW_TOKENS > 24 + 8  # the window left whole tiles behind
 
 
 def test_negative_control_a_product_split_by_row_count(small_chunk_runs):

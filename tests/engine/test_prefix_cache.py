@@ -3,9 +3,9 @@ the tokens and logprobs of a cold run, and every row has the cold run's bytes, w
 hit length and the prompt chunking, on tiny models of every family; with a negative control (a
 cache that keeps its blocks in bfloat16, as lossy KV caches do). Adversarial prompts: one token
 changed at the first or last position of a block hits only the blocks before it, and a block's
-tokens after another prefix (A = X + Y, then B = Z + Y, then B again) are never A's block. Blocks are shared, held while
-used and evicted least recently used under the budget; cache files round-trip, and corrupt,
-truncated or foreign files are ignored with a warning."""
+tokens after another prefix (A = X + Y, then B = Z + Y, then B again) are never A's block.
+Blocks are shared, held while used and evicted least recently used under the budget; cache
+files round-trip, and corrupt, truncated or foreign files are ignored with a warning."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import exactdraft as xd
 from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftTree
+from exactdraft.verify import ExactVerifier, Verdict, tree_rows
 
 # Short prompts for the oracle drafter; long random ones (the tiny vocabulary has 128 tokens)
 # in which most tokens recur with different successors, so one-token matches branch.
@@ -390,32 +391,37 @@ class DecoyTreeDrafter:
         self.kept.append(accepted)
 
 
-def walk_by_depth(last_listed: bool):
-    """A plausible wrong walk_tree: it looks for the sample among all nodes one level deeper
+class WalkByDepth(ExactVerifier):
+    """A plausible wrong verifier: it looks for the sample among all nodes one level deeper
     (the first or the last listed), not among the current node's children."""
-    from exactdraft.tree_verify import TreeVerdict, target_rows
 
-    def walk(rows, tree, *, sampler, params, history, n_prompt):
-        tokens, parents = target_rows(tree, history[-1])
+    def __init__(self, last_listed: bool) -> None:
+        self.last_listed = last_listed
+
+    def verify(self, rows, drafts, *, parents=None, sampler, params, history, n_prompt,
+               transform=None):
+        if parents is None:  # chains have one node per level: the walk is the right one
+            return super().verify(rows, drafts, sampler=sampler, params=params,
+                                  history=history, n_prompt=n_prompt, transform=transform)
+        tokens, row_parents = tree_rows(history[-1], drafts, parents)
         depth, by_level = [0] * len(tokens), {}
         for row in range(1, len(tokens)):
-            depth[row] = depth[parents[row]] + 1
+            depth[row] = depth[row_parents[row]] + 1
             level = by_level.setdefault(depth[row] - 1, {})
-            if last_listed or tokens[row] not in level:
+            if self.last_listed or tokens[row] not in level:
                 level[tokens[row]] = row
-        path, kept, row, past = [0], [], 0, list(history)
+        path, kept, drawn, past, row = [0], [], [], list(history), 0
         while True:
-            token = sampler.sample_window(rows[row:row + 1], params, pos=len(past),
-                                          history=past, n_prompt=n_prompt)[0]
+            drawn.append(rows[row])
+            token = sampler.sample(rows[row], params, pos=len(past), history=past,
+                                   n_prompt=n_prompt)
             child = by_level.get(depth[row], {}).get(token)
             if child is None:
-                return path, TreeVerdict(kept=kept, token=token)
+                return Verdict(kept=kept, token=token, path=path, rows=drawn)
             kept.append(token)
             past.append(token)
             path.append(child)
             row = child
-
-    return walk
 
 
 @pytest.fixture
@@ -427,7 +433,7 @@ def without_path_check(monkeypatch):
     monkeypatch.setattr(exactdraft.models.decoder, "check_path", lambda parents, path: None)
 
 
-def decoy_runs(target):
+def decoy_runs(target, verifier=None):
     """(drafted, serial) pairs with the decoy drafter over PROMPTS and CASES."""
     pairs = []
     for index, prompt in enumerate(PROMPTS):
@@ -437,7 +443,7 @@ def decoy_runs(target):
             drafter = DecoyTreeDrafter(serial.tokens, len(prompt), seed=index)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # every proposal is a valid tree
-                generator = xd.Generator(target, drafter, adaptive_depth=False)
+                generator = xd.Generator(target, drafter, verifier, adaptive_depth=False)
             assert generator.trees
             drafted = generator.generate(prompt, 24, temperature=temperature, logprobs=3,
                                          stop_tokens=[], **extra)
@@ -460,12 +466,12 @@ def test_negative_control_a_walk_into_rejected_subtrees_changes_tokens(cpu_targe
                                                                        last_listed):
     """The same runs with a walk that takes the sample from any node one level deeper: with
     the path check off, tokens or logprobs differ; with it on, commit_tree refuses the path."""
-    import exactdraft.decoding
     import exactdraft.models.decoder
 
-    monkeypatch.setattr(exactdraft.decoding, "walk_tree", walk_by_depth(last_listed))
+    verifier = WalkByDepth(last_listed)
     with pytest.raises(xd.ParameterError, match="is not a child of row"):
-        decoy_runs(cpu_target)
+        decoy_runs(cpu_target, verifier)
     monkeypatch.setattr(exactdraft.models.decoder, "check_path", lambda parents, path: None)
-    differing = sum(not same(drafted, serial) for drafted, serial in decoy_runs(cpu_target))
+    differing = sum(not same(drafted, serial)
+                    for drafted, serial in decoy_runs(cpu_target, verifier))
     assert differing > 0

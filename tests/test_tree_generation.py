@@ -1,7 +1,9 @@
 """Token trees in the Generator: drafted == serial, tokens and logprobs bit for bit, when the
 drafts are trees verified in one pass; the load-time guard turns trees off on a target whose tree
 pass is not a serial step over each path, and the same target with the guard off writes other
-tokens (the negative control)."""
+tokens (the negative control). Trees that hide the target's own sample under rejected siblings
+write the serial tokens with commit_tree's path check off, and a walk that steps into a
+rejected subtree is caught by the bits alone (the negative control)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 import exactdraft as xd
 from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftTree
+from exactdraft.verify import ExactVerifier, Verdict, tree_rows
 
 # Short prompts for the oracle drafter; long random ones (the tiny vocabulary has 128 tokens)
 # in which most tokens recur with different successors, so one-token matches branch.
@@ -337,4 +340,138 @@ def test_negative_control_random_corrupted_trees_on_chain_attention(cpu_target):
         drafted, serial = corrupted_tree_runs(ChainTreeTarget(cpu_target), False, 1.0, 0, 1.0,
                                               1.0, case, 3, 6, 0.0, prompt, 24)
         differing += not same(drafted, serial)
+    assert differing > 0
+
+
+class DecoyTreeDrafter:
+    """Trees that tempt a walk off the kept path: at every depth the serial token's node has two
+    rejected siblings, and each rejected node has a child holding the next serial token (the
+    target's own sample after the true node), one listed before the true child and one after
+    it; at a random depth the true path ends, so there the target's sample sits only under
+    rejected nodes. A walk that looks for the sample anywhere but among the current node's own
+    children steps into a rejected subtree."""
+
+    max_draft = 10
+    tree_width = 3
+
+    def __init__(self, serial: list[int], prompt_length: int, seed: int) -> None:
+        self.serial, self.prompt_length = serial, prompt_length
+        self.random = random.Random(seed)
+        self.kept: list[int] = []
+
+    def begin(self, prompt, context) -> None:
+        pass
+
+    def wrong(self, token: int) -> int:
+        return (token + 1 + self.random.randrange(127)) % 128
+
+    def propose(self, sequence, limit):
+        done = len(sequence) - self.prompt_length
+        truth = self.serial[done:done + 4]
+        end = self.random.randrange(len(truth) + 1)  # the depth where the true path stops
+        nodes: list[tuple[int, int]] = []  # (token, parent), parents first
+        parent, rejected = -1, []
+        for depth, token in enumerate(truth):
+            if rejected:  # a decoy before the true child
+                nodes.append((token, rejected[0]))
+            true_node = len(nodes)
+            if depth < end:
+                nodes.append((token, parent))
+            if rejected:  # and one after it
+                nodes.append((token, rejected[1]))
+            rejected = [len(nodes), len(nodes) + 1]
+            nodes += [(self.wrong(token), parent), (self.wrong(token), parent)]
+            if depth >= end:
+                break
+            parent = true_node
+        nodes = nodes[:limit]
+        return DraftTree(tuple(t for t, _ in nodes), tuple(p for _, p in nodes))
+
+    def accepted(self, proposed, accepted) -> None:
+        self.kept.append(accepted)
+
+
+class WalkByDepth(ExactVerifier):
+    """A plausible wrong verifier: it looks for the sample among all nodes one level deeper
+    (the first or the last listed), not among the current node's children."""
+
+    def __init__(self, last_listed: bool) -> None:
+        self.last_listed = last_listed
+
+    def verify(self, rows, drafts, *, parents=None, sampler, params, history, n_prompt,
+               transform=None):
+        if parents is None:  # chains have one node per level: the walk is the right one
+            return super().verify(rows, drafts, sampler=sampler, params=params,
+                                  history=history, n_prompt=n_prompt, transform=transform)
+        tokens, row_parents = tree_rows(history[-1], drafts, parents)
+        depth, by_level = [0] * len(tokens), {}
+        for row in range(1, len(tokens)):
+            depth[row] = depth[row_parents[row]] + 1
+            level = by_level.setdefault(depth[row] - 1, {})
+            if self.last_listed or tokens[row] not in level:
+                level[tokens[row]] = row
+        path, kept, drawn, past, row = [0], [], [], list(history), 0
+        while True:
+            drawn.append(rows[row])
+            token = sampler.sample(rows[row], params, pos=len(past), history=past,
+                                   n_prompt=n_prompt)
+            child = by_level.get(depth[row], {}).get(token)
+            if child is None:
+                return Verdict(kept=kept, token=token, path=path, rows=drawn)
+            kept.append(token)
+            past.append(token)
+            path.append(child)
+            row = child
+
+
+@pytest.fixture
+def without_path_check(monkeypatch):
+    """commit_tree without its check that the committed path runs down the tree, so that only
+    the tokens and logprobs can tell a wrong walk."""
+    import exactdraft.models.decoder
+
+    monkeypatch.setattr(exactdraft.models.decoder, "check_path", lambda parents, path: None)
+
+
+def decoy_runs(target, verifier=None):
+    """(drafted, serial) pairs with the decoy drafter over PROMPTS and CASES."""
+    pairs = []
+    for index, prompt in enumerate(PROMPTS):
+        for temperature, extra in CASES:
+            serial = xd.Generator(target).generate(prompt, 24, temperature=temperature,
+                                                   logprobs=3, stop_tokens=[], **extra)
+            drafter = DecoyTreeDrafter(serial.tokens, len(prompt), seed=index)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # every proposal is a valid tree
+                generator = xd.Generator(target, drafter, verifier, adaptive_depth=False)
+            assert generator.trees
+            drafted = generator.generate(prompt, 24, temperature=temperature, logprobs=3,
+                                         stop_tokens=[], **extra)
+            pairs.append((drafted, serial))
+    return pairs
+
+
+def test_the_target_sample_under_a_rejected_sibling_is_never_kept(cpu_target,
+                                                                  without_path_check):
+    pairs = decoy_runs(cpu_target)
+    for drafted, serial in pairs:
+        assert same(drafted, serial)
+        assert drafted.stats.drafter_faults.total == 0
+    assert sum(d.stats.tree_passes for d, _ in pairs) > 0
+    assert sum(d.stats.accepted for d, _ in pairs) > 0
+
+
+@pytest.mark.parametrize("last_listed", [False, True], ids=["first-listed", "last-listed"])
+def test_negative_control_a_walk_into_rejected_subtrees_changes_tokens(cpu_target, monkeypatch,
+                                                                       last_listed):
+    """The same runs with a walk that takes the sample from any node one level deeper: with
+    the path check off, tokens or logprobs differ; with it on, commit_tree refuses the path."""
+    import exactdraft.models.decoder
+
+    verifier = WalkByDepth(last_listed)
+    with pytest.raises(xd.ParameterError, match="is not a child of row"):
+        decoy_runs(cpu_target, verifier)
+    monkeypatch.setattr(exactdraft.models.decoder, "check_path", lambda parents, path: None)
+    differing = sum(not same(drafted, serial)
+                    for drafted, serial in decoy_runs(cpu_target, verifier))
     assert differing > 0

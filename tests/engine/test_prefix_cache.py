@@ -1,9 +1,11 @@
 """A prefix-cache hit changes nothing: a request whose prompt starts with cached blocks writes
 the tokens and logprobs of a cold run, and every row has the cold run's bytes, whatever the
 hit length and the prompt chunking, on tiny models of every family; with a negative control (a
-cache that keeps its blocks in bfloat16, as lossy KV caches do). Blocks are shared, held while
-used and evicted least recently used under the budget; cache files round-trip, and corrupt,
-truncated or foreign files are ignored with a warning."""
+cache that keeps its blocks in bfloat16, as lossy KV caches do). Adversarial prompts: one token
+changed at the first or last position of a block hits only the blocks before it, and a block's
+tokens after another prefix (A = X + Y, then B = Z + Y, then B again) are never A's block.
+Blocks are shared, held while used and evicted least recently used under the budget; cache
+files round-trip, and corrupt, truncated or foreign files are ignored with a warning."""
 
 from __future__ import annotations
 
@@ -69,6 +71,40 @@ def test_a_cache_hit_writes_what_a_cold_run_writes(variant, tiny_targets):
     problems, hits = hits_against_cold(caching_generator(tiny_targets[variant]), cache)
     assert not problems, problems[:5]
     assert hits == [8, 16, 32, 40]
+
+
+def one_token_changed(tokens: list[int], position: int) -> list[int]:
+    changed = list(tokens)
+    changed[position] = (changed[position] + 1) % 128
+    return changed
+
+
+# BASE with one token changed at the first and at the last position of a block (blocks of 8):
+# the blocks before it are hits, the block holding it and every block after it are misses.
+EDGE_POSITIONS = (0, 7, 8, 15, 31)
+
+
+def test_a_prompt_one_token_off_at_a_block_edge_takes_only_the_blocks_before_it(tiny_targets):
+    cache = PrefixCache(block_tokens=8)
+    follow_ups = [(one_token_changed(BASE, position), 16) for position in EDGE_POSITIONS]
+    problems, hits = hits_against_cold(caching_generator(tiny_targets["llama"]), cache,
+                                       follow_ups=follow_ups)
+    assert not problems, problems[:5]
+    assert hits == [position // 8 * 8 for position in EDGE_POSITIONS]
+
+
+# Three one-block pieces: A = X + Y, then B = Z + Y (its second block holds A's tokens after
+# another prefix), then B again (a hit of both of B's own blocks, never A's block for Y).
+X, Y, Z = (probe_tokens(8, 128, salt=salt) for salt in (11, 12, 13))
+
+
+def test_a_block_after_another_prefix_is_not_the_same_block(tiny_targets):
+    cache = PrefixCache(block_tokens=8)
+    follow_ups = [(Z + Y + [5, 6], 4), (Z + Y + [5, 6], 16)]
+    problems, hits = hits_against_cold(caching_generator(tiny_targets["llama"]), cache,
+                                       follow_ups=follow_ups, base=X + Y + [5, 6])
+    assert not problems, problems[:5]
+    assert hits == [0, 16]
 
 
 class BFloat16Cache(PrefixCache):

@@ -235,7 +235,7 @@ def test_ctrl_c_prints_the_partial_reply_and_its_summary(tiny_checkpoints, monke
     full = loaded.generate("abc", 30, seed=3, stop_tokens=[])
     interrupted = xd.Generator(_InterruptingTarget(loaded.target, at=10),
                                tokenizer=loaded.tokenizer, stop_tokens=[])
-    monkeypatch.setattr(cli, "_generator", lambda args: interrupted)
+    monkeypatch.setattr(cli.commands, "load_generator", lambda args: interrupted)
     assert main(["generate", "--prompt", "abc", "--seed", "3", "--max-new-tokens", "30",
                  "--drafter", "none"]) == cli.EXIT_INTERRUPTED
     captured = capsys.readouterr()

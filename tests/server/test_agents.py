@@ -156,11 +156,12 @@ def test_optional_and_newer_fields_are_accepted(clients, served_generator) -> No
 def test_serve_refuses_an_alias_for_another_model_before_loading(tiny_checkpoints, capsys,
                                                                   monkeypatch) -> None:
     import exactdraft.cli as cli
+    from exactdraft.cli import commands
 
     def no_loading(args):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "_generator", no_loading)
+    monkeypatch.setattr(commands, "load_generator", no_loading)
     folder = tiny_checkpoints["llama"]
     status = cli.main(["serve", folder, "--model-name", "tiny", "--model-alias", "x=other"])
     assert status == 2 and "'x' names 'other'" in capsys.readouterr().err

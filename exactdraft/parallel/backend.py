@@ -1,0 +1,82 @@
+"""A backend that splits every weight matrix across tensor-parallel ranks by whole output
+columns and gathers the columns, wrapped around the C-kernel CPU backend.
+
+Invariant: TP=N writes the bits TP=1 writes. `matrix` keeps this rank's contiguous range of
+output columns (sharding.column_ranges), taken from the weight before it is read; `linear`
+computes those columns with the wrapped backend's kernel, each element a whole dot product in
+the K order TP=1 uses, then gathers every rank's columns in rank order: a copy, never a sum.
+Attention (whole heads, from the whole q, k and v every rank gathers), norms, rope, the
+activations and the residual adds run on every rank with the wrapped backend's canonical
+arithmetic, so every rank holds the bits TP=1 holds after every op. The model runs its per-op
+layer body (fused_layers is False), whose bits equal the fused path's (tests/backends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exactdraft.errors import BackendError
+from exactdraft.parallel.group import ParallelGroup
+from exactdraft.parallel.sharding import column_ranges, weight_rows
+
+
+class ColumnShard:
+    """This rank's output columns [start, end) of a weight with `columns` outputs, packed by
+    the wrapped backend, and the widths every rank computes."""
+
+    def __init__(self, local: Any, columns: int, depth: int, ranges: list[tuple[int, int]],
+                 rank: int) -> None:
+        self.local = local
+        self.shape = (columns, depth)
+        self.start, self.end = ranges[rank]
+        self.widths = [end - start for start, end in ranges]
+        self._bias: tuple[Any, Any] | None = None  # (full bias, its local columns)
+
+    def local_bias(self, bias: Any | None) -> Any | None:
+        if bias is None:
+            return None
+        if self._bias is None or self._bias[0] is not bias:
+            self._bias = (bias, bias[self.start:self.end].contiguous())
+        return self._bias[1]
+
+
+class GatheringBackend:
+    """The wrapped backend with column-split matrices (see the module docstring)."""
+
+    fused_layers = False
+
+    def __init__(self, inner: Any, group: ParallelGroup) -> None:
+        from exactdraft.backends.torch_cpu import TorchCPUBackend
+
+        if not isinstance(inner, TorchCPUBackend):
+            raise BackendError(f"tensor parallel runs on the C-kernel CPU backend ('torch' with "
+                               f"the kernels built), not {inner!r}: only its matmul gives an "
+                               "output column the same bits whatever columns share the call")
+        self.inner = inner
+        self.group = group
+        self.matrix_bytes = 0  # packed weight bytes this rank holds
+
+    def __repr__(self) -> str:
+        return (f"GatheringBackend({self.inner!r}, rank {self.group.rank} of "
+                f"{self.group.world_size})")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("plan_layer", "run_layer", "run_layers"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def matrix(self, weight: Any) -> ColumnShard:
+        columns, depth = (int(size) for size in weight.shape)
+        ranges = column_ranges(columns, self.group.world_size)
+        start, end = ranges[self.group.rank]
+        local = self.inner.matrix(weight_rows(weight, start, end))
+        self.matrix_bytes += sum(_nbytes(part.data) for part in local.packed)
+        return ColumnShard(local, columns, depth, ranges, self.group.rank)
+
+    def linear(self, x: Any, weight: ColumnShard, bias: Any | None = None) -> Any:
+        local = self.inner.linear(x, weight.local, weight.local_bias(bias))
+        return self.group.all_gather_columns(local, weight.widths)
+
+
+def _nbytes(data: Any) -> int:
+    return int(data.nbytes) if hasattr(data, "nbytes") else data.numel() * data.element_size()

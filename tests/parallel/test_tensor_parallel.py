@@ -1,0 +1,57 @@
+"""TP=2 writes TP=1's bits: logits (chains, batches, trees, imported prefixes) and tokens
+(serial, drafted, batched in the Engine), with two gloo ranks on 127.0.0.1; the row-parallel
+split that sums partial products gives other bits (the negative control)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from exactdraft.parallel import ParallelSettings, launch
+from tests.conftest import build_tiny_checkpoint, needs_smollm2
+from tests.parallel.scenarios import PREFIX, read_outcome, same_bits, scenario, scenario_rank
+
+SETTINGS = ParallelSettings(2, timeout_s=60, heartbeat_s=0.25, stale_s=3)
+
+
+def run_both(model: str, folder: str, control: bool) -> tuple[dict, dict]:
+    """(TP=2 rank 0's scenario, TP=1's), after checking both ranks ended cleanly."""
+    import exactdraft as xd
+
+    codes = launch(scenario_rank, 2, (model, SETTINGS, folder, control), timeout_s=400)
+    outcomes = [read_outcome(folder, r) for r in range(2)]
+    assert codes == [0, 0] and all(o.get("ok") for o in outcomes), (codes, outcomes)
+    assert outcomes[1].get("followed")  # rank 1 followed rank 0 and exited when it closed
+    with np.load(os.path.join(folder, "tp.npz")) as saved:
+        parallel = {name: saved[name] for name in saved.files}
+    single = scenario(xd.Generator.from_pretrained(model, guard=False))
+    return parallel, single
+
+
+def test_two_ranks_write_the_bits_of_one_and_a_row_parallel_split_does_not(tmp_path):
+    model = build_tiny_checkpoint(str(tmp_path / "model"), "llama", intermediate_size=128)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single = run_both(model, str(runs), control=True)
+    assert same_bits(parallel, single) == []
+    assert len(single["tokens_serial"]) == 20 and len(single["tokens_engine0"]) == 12
+    # Negative control: summing partial products across ranks changes bits of the logits.
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    target = build_target(load_checkpoint(model), "torch")
+    exact = target.forward(target.new_state(), PREFIX, rows="all")
+    assert exact.tobytes() == single["prefill"].tobytes()
+    summed = np.load(str(runs / "row_parallel.npy"))
+    assert summed.tobytes() != exact.tobytes()
+    assert np.abs(summed - exact).max() < 1e-3 * np.abs(exact).max()  # the same model
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_two_ranks_write_the_bits_of_one_on_smollm2(tmp_path):
+    from exactdraft.pretrained import bundled_model_path
+
+    parallel, single = run_both(bundled_model_path(), str(tmp_path), control=False)
+    assert same_bits(parallel, single) == []

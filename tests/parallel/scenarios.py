@@ -129,13 +129,12 @@ def killing_rank(model: str, settings, folder: str, victim: int, after_passes: i
     others record the error they stop with and how long after the kill it came."""
     import signal
 
+    import exactdraft as xd
     from exactdraft.backends.torch_cpu import TorchCPUBackend
     from exactdraft.parallel.backend import GatheringBackend
     from exactdraft.parallel.group import ParallelGroup
     from exactdraft.parallel.target import TensorParallelTarget, follow
     from exactdraft.pretrained import load_checkpoint
-
-    import exactdraft as xd
 
     me = rank()
     checkpoint = load_checkpoint(model)

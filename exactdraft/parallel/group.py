@@ -70,7 +70,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         count, store_lost_since = 0, None
-        while not self._stop.wait(self.settings.heartbeat_s):
+        # Once a failure is known the run is over: stop beating (and reporting the same loss).
+        while self.failure is None and not self._stop.wait(self.settings.heartbeat_s):
             count += 1
             now = time.monotonic()
             try:

@@ -70,7 +70,8 @@ class GatheringBackend:
         ranges = column_ranges(columns, self.group.world_size)
         start, end = ranges[self.group.rank]
         local = self.inner.matrix(weight_rows(weight, start, end))
-        self.matrix_bytes += sum(_nbytes(part.data) for part in local.packed)
+        parts = getattr(local, "packed", [local])  # C-kernel matrices keep their parts there
+        self.matrix_bytes += sum(_nbytes(getattr(part, "data", part)) for part in parts)
         return ColumnShard(local, columns, depth, ranges, self.group.rank)
 
     def linear(self, x: Any, weight: ColumnShard, bias: Any | None = None) -> Any:

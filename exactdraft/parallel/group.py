@@ -49,6 +49,7 @@ class Heartbeat:
         self.store, self.rank, self.world_size, self.settings = store, rank, world_size, settings
         self.where = where
         self.progress = 0  # the number of the command this rank is at (set by its owner)
+        self.collectives = 0  # collectives this rank has entered (set by its group)
         self.failure: str | None = None
         self.seen: dict[int, tuple[bytes, float]] = {}
         self._stop = threading.Event()
@@ -64,9 +65,15 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5 * self.settings.heartbeat_s)
 
-    def progress_of_all(self) -> dict[int, str]:
-        """The last beat seen of every other rank: 'count progress'."""
-        return {r: value.decode() for r, (value, _) in sorted(self.seen.items())}
+    def behind(self) -> dict[int, tuple[int, int]]:
+        """The other ranks that have entered fewer collectives than this one, by the last beat
+        seen: rank -> (its command, its collectives)."""
+        lagging = {}
+        for other, (value, _) in sorted(self.seen.items()):
+            fields = value.decode().split()
+            if len(fields) == 3 and int(fields[2]) < self.collectives:
+                lagging[other] = (int(fields[1]), int(fields[2]))
+        return lagging
 
     def _run(self) -> None:
         count, store_lost_since = 0, None
@@ -75,7 +82,8 @@ class Heartbeat:
             count += 1
             now = time.monotonic()
             try:
-                self.store.set(f"beat/{self.rank}", f"{count} {self.progress}")
+                self.store.set(f"beat/{self.rank}",
+                               f"{count} {self.progress} {self.collectives}")
                 for other, (value, since) in list(self.seen.items()):
                     latest = self.store.get(f"beat/{other}")
                     if latest != value:
@@ -155,17 +163,24 @@ class ParallelGroup:
             time.sleep(self.settings.heartbeat_s / 2)
         if beat is not None and beat.failure is not None:
             message = f"{beat.failure}; rank {self.rank} stopped during {during}: {error}"
+        elif beat is not None and beat.behind():
+            stuck = ", ".join(f"rank {r} (at command {command}, collective {entered + 1})"
+                              for r, (command, entered) in beat.behind().items())
+            message = (f"tensor parallel {stuck} is stuck: alive (its heartbeat beats) but not "
+                       f"in the collective rank {self.rank} waited in for timeout_s="
+                       f"{self.settings.timeout_s} (collective {beat.collectives}, during "
+                       f"{during}): {error}")
         else:
-            seen = "" if beat is None else f"; last beats (count command): " \
-                f"{beat.progress_of_all()}, rank {self.rank} at command {beat.progress}"
             message = (f"tensor parallel {during} failed on rank {self.rank} while every rank's "
-                       f"heartbeat is alive (a rank is stuck or took longer than timeout_s="
-                       f"{self.settings.timeout_s}){seen}: {error}")
+                       f"heartbeat is alive and has reached this collective: {error}")
         self.failed = TensorParallelError(message)
         return self.failed
 
     def _collective(self, call: Callable[[], Any], during: str) -> Any:
         self.check()
+        beat = getattr(self, "heartbeat", None)
+        if beat is not None:
+            beat.collectives += 1
         try:
             return call()
         except TensorParallelError:

@@ -124,9 +124,11 @@ def row_parallel_control(model: str, settings, folder: str) -> None:
     group.close()
 
 
-def killing_rank(model: str, settings, folder: str, victim: int, after_passes: int) -> None:
-    """Rank `victim` kills itself (SIGKILL) after `after_passes` passes of a generation; the
-    others record the error they stop with and how long after the kill it came."""
+def killing_rank(model: str, settings, folder: str, victim: int, after_passes: int,
+                 hang_s: float = 0.0) -> None:
+    """Rank `victim` kills itself (SIGKILL) after `after_passes` passes of a generation, or with
+    `hang_s` stops inside its next pass for that long (alive, heartbeat beating); the others
+    record the error they stop with and when."""
     import signal
 
     import exactdraft as xd
@@ -150,6 +152,9 @@ def killing_rank(model: str, settings, folder: str, victim: int, after_passes: i
         if me == victim and passes > after_passes:
             with open(os.path.join(folder, "killed_at"), "w") as handle:
                 handle.write(repr(time.time()))
+            if hang_s:
+                time.sleep(hang_s)
+                os._exit(3)
             os.kill(os.getpid(), signal.SIGKILL)
         return original(*args, **kwargs)
 

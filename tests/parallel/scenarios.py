@@ -15,9 +15,10 @@ PROMPT = "the cat sat on the mat; the cat sat on the "
 PREFIX = list(range(3, 40))
 
 
-def scenario(generator) -> dict[str, np.ndarray]:
+def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
     """Logits of chains, a batch, a token tree and an imported prefix, then tokens of serial,
-    drafted and batched generations: everything whose bits TP must keep."""
+    drafted and batched generations: everything whose bits TP must keep. With `heads`, also
+    the bundled draft head's runs, chains and trees (features and tree passes)."""
     import exactdraft as xd
     from exactdraft.engine.scheduler import Engine
 
@@ -45,6 +46,12 @@ def scenario(generator) -> dict[str, np.ndarray]:
                                    tokenizer=tokenizer, adaptive_depth=False),
             "self_drafted": xd.Generator(target, xd.DraftModel(target, max_draft=3),
                                          tokenizer=tokenizer, adaptive_depth=False)}
+    if heads:
+        for width in (1, 2):
+            head = xd.DraftHead.from_pretrained(None, target, max_draft=4, tree_width=width)
+            runs[f"head{width}"] = xd.Generator(target, head, tokenizer=tokenizer,
+                                                adaptive_depth=False)
+        assert runs["head2"].trees  # token trees verified in one pass
     for name, run in runs.items():
         out[f"tokens_{name}"] = np.array(run.generate(PROMPT, 20, params,
                                                       stop_tokens=[]).tokens)
@@ -82,7 +89,8 @@ def rank() -> int:
 
 # -- rank functions -----------------------------------------------------------------------------
 
-def scenario_rank(model: str, settings, folder: str, control: bool) -> None:
+def scenario_rank(model: str, settings, folder: str, control: bool,
+                  heads: bool = False) -> None:
     """Rank 0 runs the scenario through Generator.from_pretrained(tensor_parallel=...) and
     saves it; with `control`, every rank first runs the row-parallel negative control."""
     import exactdraft as xd
@@ -91,8 +99,8 @@ def scenario_rank(model: str, settings, folder: str, control: bool) -> None:
         if control:
             row_parallel_control(model, settings, folder)
         generator = xd.Generator.from_pretrained(model, tensor_parallel=settings,
-                                                 guard=False)
-        np.savez(os.path.join(folder, "tp.npz"), **scenario(generator))
+                                                 guard=heads)
+        np.savez(os.path.join(folder, "tp.npz"), **scenario(generator, heads))
         generator.target.close()
         write_outcome(folder, rank(), ok=True)
     except BaseException as error:

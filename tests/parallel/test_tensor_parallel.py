@@ -16,17 +16,18 @@ from tests.parallel.scenarios import PREFIX, read_outcome, same_bits, scenario, 
 SETTINGS = ParallelSettings(2, timeout_s=60, heartbeat_s=0.25, stale_s=3)
 
 
-def run_both(model: str, folder: str, control: bool) -> tuple[dict, dict]:
+def run_both(model: str, folder: str, control: bool, heads: bool = False
+             ) -> tuple[dict, dict]:
     """(TP=2 rank 0's scenario, TP=1's), after checking both ranks ended cleanly."""
     import exactdraft as xd
 
-    codes = launch(scenario_rank, 2, (model, SETTINGS, folder, control), timeout_s=400)
+    codes = launch(scenario_rank, 2, (model, SETTINGS, folder, control, heads), timeout_s=600)
     outcomes = [read_outcome(folder, r) for r in range(2)]
     assert codes == [0, 0] and all(o.get("ok") for o in outcomes), (codes, outcomes)
     assert outcomes[1].get("followed")  # rank 1 followed rank 0 and exited when it closed
     with np.load(os.path.join(folder, "tp.npz")) as saved:
         parallel = {name: saved[name] for name in saved.files}
-    single = scenario(xd.Generator.from_pretrained(model, guard=False))
+    single = scenario(xd.Generator.from_pretrained(model, guard=heads), heads)
     return parallel, single
 
 
@@ -53,5 +54,7 @@ def test_two_ranks_write_the_bits_of_one_and_a_row_parallel_split_does_not(tmp_p
 def test_two_ranks_write_the_bits_of_one_on_smollm2(tmp_path):
     from exactdraft.pretrained import bundled_model_path
 
-    parallel, single = run_both(bundled_model_path(), str(tmp_path), control=False)
+    # With the load-time guard and the bundled draft head (features, token trees) as well.
+    parallel, single = run_both(bundled_model_path(), str(tmp_path), control=False, heads=True)
     assert same_bits(parallel, single) == []
+    assert "tokens_head2" in single

@@ -2,7 +2,8 @@
 columns and gathers the columns, wrapped around the C-kernel CPU backend.
 
 Invariant: TP=N writes the bits TP=1 writes. `matrix` keeps this rank's contiguous range of
-output columns (sharding.column_ranges), taken from the weight before it is read; `linear`
+output columns (sharding.column_ranges), taken from the weight before it is read (a matrix
+too narrow to give every rank a group of columns stays whole on every rank); `linear`
 computes those columns with the wrapped backend's kernel, each element a whole dot product in
 the K order TP=1 uses, then gathers every rank's columns in rank order: a copy, never a sum.
 Attention (whole heads, from the whole q, k and v every rank gathers), norms, rope, the
@@ -17,7 +18,7 @@ from typing import Any
 
 from exactdraft.errors import BackendError
 from exactdraft.parallel.group import ParallelGroup
-from exactdraft.parallel.sharding import column_ranges, weight_rows
+from exactdraft.parallel.sharding import COLUMN_ALIGN, column_ranges, weight_rows
 
 
 class ColumnShard:
@@ -30,6 +31,7 @@ class ColumnShard:
         self.shape = (columns, depth)
         self.start, self.end = ranges[rank]
         self.widths = [end - start for start, end in ranges]
+        self.replicated = self.widths[rank] == columns and len(ranges) > 1
         self._bias: tuple[Any, Any] | None = None  # (full bias, its local columns)
 
     def local_bias(self, bias: Any | None) -> Any | None:
@@ -67,7 +69,12 @@ class GatheringBackend:
 
     def matrix(self, weight: Any) -> ColumnShard:
         columns, depth = (int(size) for size in weight.shape)
-        ranges = column_ranges(columns, self.group.world_size)
+        if -(-columns // COLUMN_ALIGN) < self.group.world_size:
+            # Too narrow to give every rank a group (a router, say): every rank computes
+            # every column, no gather; still whole dot products.
+            ranges = [(0, columns)] * self.group.world_size
+        else:
+            ranges = column_ranges(columns, self.group.world_size)
         start, end = ranges[self.group.rank]
         local = self.inner.matrix(weight_rows(weight, start, end))
         parts = getattr(local, "packed", [local])  # C-kernel matrices keep their parts there
@@ -76,6 +83,8 @@ class GatheringBackend:
 
     def linear(self, x: Any, weight: ColumnShard, bias: Any | None = None) -> Any:
         local = self.inner.linear(x, weight.local, weight.local_bias(bias))
+        if weight.replicated:
+            return local
         return self.group.all_gather_columns(local, weight.widths)
 
 

@@ -2,10 +2,10 @@
 fingerprint, load this rank's columns, then drive (rank 0) or follow (the others).
 
 Invariant: a split that cannot be made is refused before a rank joins or a weight is read
-(ParameterError naming the rank count and what it exceeds); ranks whose files or settings
-differ stop before loading (TensorParallelError naming the rank); each rank reads and keeps
-only its own output columns of every weight matrix (sharding.py) plus the replicated vectors
-and the embedding rows a pass looks up.
+(ParameterError naming the rank count and what it exceeds, or the family not split yet); ranks
+whose files or settings differ stop before loading (TensorParallelError naming the rank); each
+rank reads and keeps only its own output columns of every weight matrix (sharding.py) plus the
+replicated vectors and the embedding rows a pass looks up.
 """
 
 from __future__ import annotations
@@ -17,36 +17,26 @@ from typing import Any
 from exactdraft.errors import ParameterError
 from exactdraft.parallel.settings import ParallelSettings, parallel_settings
 
-# Families whose models TP splits today (dense decoders, models/decoder.py).
-DENSE_CONFIG = "DecoderConfig"
+# Configurations of the models TP splits today: dense decoders (models/decoder.py) and the
+# mixture-of-experts families without recurrent layers (models/qwen3_moe.py).
+SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig")
+MOE_TYPES = ("qwen3_moe", "mixtral")
 
 
 def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> ParallelSettings:
     """The settings, once the model can be split that many ways; else a ParameterError."""
     settings = parallel_settings(tensor_parallel)
     n = settings.world_size
-    if type(config).__name__ != DENSE_CONFIG:
+    kind = type(config).__name__
+    model_type = getattr(config, "model_type", kind)
+    if kind not in SPLIT_CONFIGS or (kind == "MoEConfig" and model_type not in MOE_TYPES):
         raise ParameterError(
-            f"tensor_parallel={n}: {getattr(config, 'model_type', type(config).__name__)!r} "
-            "models are not split yet; tensor parallel supports the dense decoder families "
-            "(llama, mistral, qwen2, qwen3, gemma3)")
-    if n == 1:
-        return settings
+            f"tensor_parallel={n}: {model_type!r} models are not split yet; tensor parallel "
+            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3) and "
+            f"the mixture-of-experts families {', '.join(MOE_TYPES)}")
     if n > config.num_heads:
         raise ParameterError(f"tensor_parallel={n} exceeds the model's {config.num_heads} "
                              "attention heads")
-    from exactdraft.parallel.sharding import column_ranges
-
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    for what, columns in (("q, k and v projection", q + 2 * kv),
-                          ("hidden size", config.hidden_size),
-                          ("gate and up projection", 2 * config.intermediate_size),
-                          ("vocabulary", config.vocab_size)):
-        try:
-            column_ranges(columns, n)
-        except ParameterError as error:
-            raise ParameterError(f"tensor_parallel={n} cannot split the {what}: "
-                                 f"{error}") from None
     return settings
 
 
@@ -68,6 +58,7 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
     None. A script run under torchrun thus reads like a one-process script."""
     from exactdraft.kernels import cpu
     from exactdraft.models.decoder import DecoderModel
+    from exactdraft.models.hybrid import HybridModel
     from exactdraft.parallel.backend import GatheringBackend
     from exactdraft.parallel.fingerprint import run_fingerprint
     from exactdraft.parallel.group import ParallelGroup
@@ -82,8 +73,9 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = checkpoint.family.build(checkpoint.config, checkpoint.tensors, wrapped,
                                         max_context)
-        if type(model) is not DecoderModel:
-            raise ParameterError(f"tensor parallel splits dense decoder models, not {model!r}")
+        if not (type(model) is DecoderModel or (type(model) is HybridModel and
+                                                 not model.recurrent and model.mtp is None)):
+            raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:
         group.close()

@@ -48,9 +48,17 @@ class TensorParallelTarget:
         self._next_id = 0
         self._dropped: list[int] = []
         self.closed = False
-        for name in ("vocab_size", "max_context", "key_block", "eos_token_ids", "arithmetic",
-                     "config", "batches_sequences", "returns_features", "kv_prefixes"):
+        for name in ("vocab_size", "max_context", "key_block", "eos_token_ids", "arithmetic"):
             setattr(self, name, getattr(model, name))
+        # Declared capabilities and descriptions, where the model has them.
+        for name, default in (("batches_sequences", False), ("returns_features", False),
+                              ("kv_prefixes", False)):
+            setattr(self, name, getattr(model, name, default))
+        for name in ("config", "head_shape"):
+            try:
+                setattr(self, name, getattr(model, name))
+            except (AttributeError, ParameterError):
+                pass
         # Drafters that compute on the target's backend (draft heads) run on rank 0 alone,
         # on the wrapped backend, never in the ranks' collectives.
         self.backend = model.backend.inner
@@ -60,7 +68,16 @@ class TensorParallelTarget:
 
     @property
     def supports_trees(self) -> bool:
-        return self.model.supports_trees
+        return bool(getattr(self.model, "supports_trees", False))
+
+    def _checked(self, tokens: Sequence[int], start: int) -> list[int]:
+        """Token ids as the model checks them (ParameterError naming a bad one)."""
+        check = getattr(self.model, "check_tokens", None)
+        if check is not None:
+            return check(tokens, start).tolist()
+        from exactdraft.models.hybrid import checked_tokens
+
+        return checked_tokens(tokens, start, self.vocab_size, self.max_context).tolist()
 
     @property
     def bytes_sent(self) -> int:
@@ -113,28 +130,31 @@ class TensorParallelTarget:
             if len(states) != len(token_lists) or not states:
                 raise ParameterError(f"forward_batch needs one token list per state, got "
                                      f"{len(states)} states and {len(token_lists)} token lists")
-            ids = [self.model.check_tokens(tokens, local.length).tolist()
+            ids = [self._checked(tokens, local.length)
                    for tokens, local in zip(token_lists, locals_)]
             trees = None if parents is None else [
                 None if tree is None else [int(p) for p in np.asarray(tree).reshape(-1)]
                 for tree in parents]
+            if trees is not None and not self.supports_trees:
+                raise ParameterError(f"{self.model!r} cannot verify token trees")
             self._send({"op": "pass", "ids": [state.id for state in states], "tokens": ids,
                         "rows": rows, "features": bool(features), "parents": trees})
-            return self.model.forward_batch(locals_, ids, rows, features, parents=trees)
+            return run_pass(self.model, locals_, ids, rows, features, trees)
 
     def truncate(self, state: Any, length: int) -> None:
         with self._lock:
             local = self._local(state)
             if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or \
-                    not 0 <= length:
-                raise ParameterError(f"truncate needs a length >= 0, got {length!r}")
+                    not 0 <= length <= local.length:
+                raise ParameterError(f"cannot truncate a state of length {local.length} to "
+                                     f"{length!r}")
             self._send({"op": "truncate", "id": state.id, "length": int(length)})
             self.model.truncate(local, int(length))
 
     def commit_tree(self, state: Any, path: Sequence[int]) -> None:
         with self._lock:
             local = self._local(state)
-            if local.tree is None:
+            if getattr(local, "tree", None) is None:
                 raise ParameterError("commit_tree needs a forward_tree pass first")
             steps = [int(row) for row in np.asarray(path).reshape(-1)]
             from exactdraft.models.token_tree import check_path
@@ -185,6 +205,15 @@ class TensorParallelTarget:
                 self.group.close()
 
 
+def run_pass(model: Any, states: list[Any], ids: list[list[int]], rows: str, features: bool,
+             trees: list[list[int] | None] | None) -> Any:
+    """model.forward_batch, with token trees only when there are any (models without trees
+    take no `parents`)."""
+    if trees is None:
+        return model.forward_batch(states, ids, rows, features)
+    return model.forward_batch(states, ids, rows, features, parents=trees)
+
+
 def follow(model: Any, group: ParallelGroup) -> None:
     """Run rank 0's calls on this rank until rank 0 closes the run; raises TensorParallelError
     naming the rank when another rank dies or hangs."""
@@ -205,9 +234,8 @@ def follow(model: Any, group: ParallelGroup) -> None:
                 for ident in command["ids"]:
                     states.pop(ident, None)
             elif op == "pass":
-                model.forward_batch([states[i] for i in command["ids"]], command["tokens"],
-                                    command["rows"], command["features"],
-                                    parents=command["parents"])
+                run_pass(model, [states[i] for i in command["ids"]], command["tokens"],
+                         command["rows"], command["features"], command["parents"])
             elif op == "truncate":
                 model.truncate(states[command["id"]], command["length"])
             elif op == "commit_tree":

@@ -30,15 +30,19 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
     batch = target.forward_batch([state, other], [[9, 10, 11], [12, 13]], rows="all")
     out["batch0"], out["batch1"] = batch
     length = state.length
-    out["tree"] = target.forward_tree(state, [5, 6, 7, 8], [-1, 0, 0, 1])
-    target.commit_tree(state, [0, 1, 3])
-    out["after_tree"] = target.forward(state, [4], rows="all")
+    if getattr(target, "supports_trees", False):
+        out["tree"] = target.forward_tree(state, [5, 6, 7, 8], [-1, 0, 0, 1])
+        target.commit_tree(state, [0, 1, 3])
+        out["after_tree"] = target.forward(state, [4], rows="all")
+    else:
+        out["after_chain"] = target.forward(state, [5, 6, 8, 4], rows="all")
     target.truncate(state, length)
     out["after_truncate"] = target.forward(state, [4, 4])
-    keys, values = target.export_kv(state, 0, 20)
-    imported = target.new_state()
-    target.import_kv(imported, keys, values)
-    out["after_import"] = target.forward(imported, [21, 22, 23], rows="all")
+    if getattr(target, "kv_prefixes", False):
+        keys, values = target.export_kv(state, 0, 20)
+        imported = target.new_state()
+        target.import_kv(imported, keys, values)
+        out["after_import"] = target.forward(imported, [21, 22, 23], rows="all")
     params = xd.SamplingParams(temperature=0.8, seed=3)
     tokenizer = generator.tokenizer
     runs = {"serial": xd.Generator(target, tokenizer=tokenizer),

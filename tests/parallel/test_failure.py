@@ -74,11 +74,17 @@ def test_a_bad_rank_count_is_refused_naming_it(model, value):
 
 
 def test_families_not_split_yet_are_refused_naming_them():
-    class MixtureConfig:
-        model_type = "qwen3_moe"
+    from exactdraft.models.qwen3_moe import MoEConfig
 
-    with pytest.raises(ParameterError, match="'qwen3_moe' models are not split yet"):
-        check_split(MixtureConfig(), 2)
+    class HybridQwenConfig:  # the recurrent hybrids' configuration, by name
+        model_type = "qwen3_next"
+
+    with pytest.raises(ParameterError, match="'qwen3_next' models are not split yet"):
+        check_split(HybridQwenConfig(), 2)
+    moe = MoEConfig.__new__(MoEConfig)  # a mixture-of-experts configuration of another type
+    object.__setattr__(moe, "model_type", "deepseek")
+    with pytest.raises(ParameterError, match="'deepseek' models are not split yet"):
+        check_split(moe, 2)
 
 
 def test_without_the_distributed_environment_the_error_says_how_to_start(model, monkeypatch):

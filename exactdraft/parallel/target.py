@@ -12,6 +12,7 @@ bad call raises there and reaches no other rank.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import ExactdraftError, ParameterError
+from exactdraft.models.target import capabilities_of
 from exactdraft.parallel.commands import CommandReceiver, CommandSender
 from exactdraft.parallel.group import ParallelGroup
 from exactdraft.parallel.settings import TensorParallelError
@@ -50,10 +52,9 @@ class TensorParallelTarget:
         self.closed = False
         for name in ("vocab_size", "max_context", "key_block", "eos_token_ids", "arithmetic"):
             setattr(self, name, getattr(model, name))
-        # Declared capabilities and descriptions, where the model has them.
-        for name, default in (("batches_sequences", False), ("returns_features", False),
-                              ("kv_prefixes", False)):
-            setattr(self, name, getattr(model, name, default))
+        # What the model declares, less the MTP layers (their keep_hidden and state_holding
+        # are not replayed on the other ranks).
+        self.capabilities = dataclasses.replace(capabilities_of(model), carries_mtp=False)
         for name in ("config", "head_shape"):
             try:
                 setattr(self, name, getattr(model, name))
@@ -68,7 +69,7 @@ class TensorParallelTarget:
 
     @property
     def supports_trees(self) -> bool:
-        return bool(getattr(self.model, "supports_trees", False))
+        return self.capabilities.verifies_trees
 
     def _checked(self, tokens: Sequence[int], start: int) -> list[int]:
         """Token ids as the model checks them (ParameterError naming a bad one)."""

@@ -21,6 +21,7 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
     the bundled draft head's runs, chains and trees (features and tree passes)."""
     import exactdraft as xd
     from exactdraft.engine.scheduler import Engine
+    from exactdraft.models.target import capabilities_of
 
     target, out = generator.target, {}
     state = target.new_state()
@@ -30,7 +31,8 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
     batch = target.forward_batch([state, other], [[9, 10, 11], [12, 13]], rows="all")
     out["batch0"], out["batch1"] = batch
     length = state.length
-    if getattr(target, "supports_trees", False):
+    can = capabilities_of(target)
+    if can.verifies_trees:
         out["tree"] = target.forward_tree(state, [5, 6, 7, 8], [-1, 0, 0, 1])
         target.commit_tree(state, [0, 1, 3])
         out["after_tree"] = target.forward(state, [4], rows="all")
@@ -38,7 +40,7 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
         out["after_chain"] = target.forward(state, [5, 6, 8, 4], rows="all")
     target.truncate(state, length)
     out["after_truncate"] = target.forward(state, [4, 4])
-    if getattr(target, "kv_prefixes", False):
+    if can.kv_prefixes:
         keys, values = target.export_kv(state, 0, 20)
         imported = target.new_state()
         target.import_kv(imported, keys, values)

@@ -115,11 +115,16 @@ class ParallelGroup:
         self._dist, self._torch = dist, torch
         timeout = timedelta(seconds=settings.timeout_s)
         self.owns_default_group = not dist.is_initialized()
-        if self.owns_default_group:
-            dist.init_process_group("gloo", timeout=timeout)
-            self.group = None
-        else:
-            self.group = dist.new_group(backend="gloo", timeout=timeout)
+        try:
+            if self.owns_default_group:
+                dist.init_process_group("gloo", timeout=timeout)
+                self.group = None
+            else:
+                self.group = dist.new_group(backend="gloo", timeout=timeout)
+        except RuntimeError as error:  # a rank that never came, an address in use
+            raise TensorParallelError(
+                f"tensor parallel rank {self.rank} could not join the {self.world_size} ranks "
+                f"at {host}:{port} within timeout_s={settings.timeout_s}: {error}") from error
         self.failed: TensorParallelError | None = None
         run = torch.randint(0, 2**62, (1,), dtype=torch.int64)
         self._collective(lambda: dist.broadcast(run, 0, group=self.group), "start")

@@ -112,3 +112,23 @@ def test_a_hung_rank_is_named_as_stuck_after_the_collective_timeout(model, tmp_p
         hung_at = float(handle.read())
     # gloo's timeout, then the heartbeat's wait for a silent rank (none): within the bound.
     assert settings.timeout_s < outcome["at"] - hung_at < settings.timeout_s + BOUND_S
+
+
+def lonely_rank(folder: str) -> None:
+    """Rank 0 of two whose partner never comes: records the error it stops with."""
+    from exactdraft.parallel.group import ParallelGroup
+
+    os.environ["WORLD_SIZE"] = "2"
+    try:
+        ParallelGroup(ParallelSettings(2, timeout_s=2, heartbeat_s=0.25, stale_s=1))
+    except Exception as error:  # noqa: BLE001  (what the test inspects)
+        with open(os.path.join(folder, "error.txt"), "w") as handle:
+            handle.write(f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_joins_stops_the_others_at_the_timeout(tmp_path):
+    assert launch(lonely_rank, 1, (str(tmp_path),), timeout_s=60) == [0]
+    error = (tmp_path / "error.txt").read_text()
+    assert error.startswith("TensorParallelError: tensor parallel rank 0 could not join the 2 "
+                            "ranks"), error

@@ -50,6 +50,16 @@ def test_two_ranks_write_the_bits_of_one_and_a_row_parallel_split_does_not(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["llama-tied", "mistral", "qwen2", "qwen3", "gemma3"])
+def test_two_ranks_write_the_bits_of_one_in_every_dense_family(tmp_path, variant):
+    model = build_tiny_checkpoint(str(tmp_path / "model"), variant)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single = run_both(model, str(runs), control=False)
+    assert same_bits(parallel, single) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["qwen3_moe", "mixtral"])
 def test_two_ranks_write_the_bits_of_one_with_experts(tmp_path, variant):
     from tests.hybrid_checkpoints import build_hybrid_checkpoint

@@ -77,15 +77,38 @@ class GatheringBackend:
             ranges = column_ranges(columns, self.group.world_size)
         start, end = ranges[self.group.rank]
         local = self.inner.matrix(weight_rows(weight, start, end))
-        parts = getattr(local, "packed", [local])  # C-kernel matrices keep their parts there
-        self.matrix_bytes += sum(_nbytes(getattr(part, "data", part)) for part in parts)
+        self.matrix_bytes += _packed_bytes(local)
         return ColumnShard(local, columns, depth, ranges, self.group.rank)
 
-    def linear(self, x: Any, weight: ColumnShard, bias: Any | None = None) -> Any:
+    def local_matrix(self, weight: Any) -> Any:
+        """A matrix this rank computes whole for itself, gathering nothing (heads.py)."""
+        from exactdraft.parallel.heads import LocalColumns
+
+        local = LocalColumns(self.inner.matrix(weight))
+        self.matrix_bytes += _packed_bytes(local.local)
+        return local
+
+    def forget(self, shard: Any) -> None:
+        """A matrix the model replaced before using it: its bytes are no longer held."""
+        self.matrix_bytes -= _packed_bytes(getattr(shard, "local", shard))
+
+    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        from exactdraft.parallel.heads import GatheredInput, LocalColumns
+
+        if type(weight) is LocalColumns:
+            return self.inner.linear(x, weight.local, bias)
+        if type(weight) is GatheredInput:
+            x = self.group.all_gather_columns(x.contiguous(), weight.input_widths)
+            weight = weight.shard
         local = self.inner.linear(x, weight.local, weight.local_bias(bias))
         if weight.replicated:
             return local
         return self.group.all_gather_columns(local, weight.widths)
+
+
+def _packed_bytes(matrix: Any) -> int:
+    parts = getattr(matrix, "packed", [matrix])  # C-kernel matrices keep their parts there
+    return sum(_nbytes(getattr(part, "data", part)) for part in parts)
 
 
 def _nbytes(data: Any) -> int:

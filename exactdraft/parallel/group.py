@@ -18,6 +18,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
+
 from exactdraft.errors import ParameterError
 from exactdraft.parallel.settings import ParallelSettings, TensorParallelError
 
@@ -211,6 +213,16 @@ class ParallelGroup:
                                                        group=self.group), "a gather")
         self.bytes_sent += send.numel() * send.element_size() * (self.world_size - 1)
         return torch.cat([block[:, :width] for block, width in zip(blocks, widths)], dim=1)
+
+    def all_gather_heads(self, local: np.ndarray) -> np.ndarray:
+        """The ranks' arrays [layers, heads_r, ...] joined along the heads, in rank order."""
+        torch = self._torch
+        send = torch.from_numpy(np.ascontiguousarray(local))
+        blocks = [torch.empty_like(send) for _ in range(self.world_size)]
+        self._collective(lambda: self._dist.all_gather(blocks, send, group=self.group),
+                         "a KV export")
+        self.bytes_sent += send.numel() * send.element_size() * (self.world_size - 1)
+        return torch.cat(blocks, dim=1).numpy()
 
     def broadcast(self, tensor: Any, during: str) -> Any:
         """`tensor` on every rank as rank 0 holds it (in place)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from typing import Any
 
 from exactdraft.errors import ParameterError
@@ -51,6 +52,24 @@ def kernel_threads(settings: ParallelSettings) -> int:
     return max(1, available // max(1, local_ranks))
 
 
+def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
+    """This rank's part of the model on a GatheringBackend: attention split by heads when the
+    ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
+    every head; every weight matrix split by output columns either way."""
+    from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
+
+    config, group = checkpoint.config, backend.group
+    family_module = sys.modules.get(checkpoint.family.build.__module__)
+    names = getattr(family_module, "NAMES", None)  # a dense family's TensorNames
+    if type(config).__name__ == "DecoderConfig" and names is not None and \
+            splits_heads(config, group.world_size):
+        heads = HeadRange(group.rank, group.world_size, config.num_heads, config.num_kv_heads,
+                          config.head_dim)
+        return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
+                                     heads)
+    return checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+
+
 def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *,
                           max_context: int | None = None, followers_exit: bool = True) -> Any:
     """On rank 0 the TensorParallelTarget; on the other ranks, follow rank 0 until it closes
@@ -62,6 +81,7 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
     from exactdraft.parallel.backend import GatheringBackend
     from exactdraft.parallel.fingerprint import run_fingerprint
     from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.heads import HeadSplitDecoderModel
     from exactdraft.parallel.target import TensorParallelTarget, follow
 
     settings = check_split(checkpoint.config, tensor_parallel)
@@ -71,10 +91,9 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         wrapped = GatheringBackend(backend, group)
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
-        model = checkpoint.family.build(checkpoint.config, checkpoint.tensors, wrapped,
-                                        max_context)
-        if not (type(model) is DecoderModel or (type(model) is HybridModel and
-                                                 not model.recurrent and model.mtp is None)):
+        model = build_split_model(checkpoint, wrapped, max_context)
+        if not (type(model) in (DecoderModel, HeadSplitDecoderModel) or
+                (type(model) is HybridModel and not model.recurrent and model.mtp is None)):
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:

@@ -4,10 +4,11 @@ Invariant: the Generator and the Engine on rank 0 see a Target whose every call 
 bits the TP=1 model returns: TensorParallelTarget publishes each call that runs a pass or
 changes a state (new_state, forward, forward_batch, forward_tree, truncate, commit_tree,
 import_kv, dropped states) before running it, and `follow` replays the calls on every other
-rank in the same order, so the ranks meet in the same collectives and hold the same caches.
-Calls that only read what rank 0 holds (export_kv, embedding_rows, output_rows, the weights
-digest) run on rank 0 alone. Arguments are checked on rank 0 before anything is published, so a
-bad call raises there and reaches no other rank.
+rank in the same order, so the ranks meet in the same collectives and hold the same caches
+(whole, or each its own heads). Calls that only read what rank 0 holds (embedding_rows,
+output_rows, the weights digest, and export_kv unless the KV heads are split across the ranks)
+run on rank 0 alone. Arguments are checked on rank 0 before anything is published, so a bad
+call raises there and reaches no other rank.
 """
 
 from __future__ import annotations
@@ -166,7 +167,15 @@ class TensorParallelTarget:
 
     def export_kv(self, state: Any, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
-            return self.model.export_kv(self._local(state), start, end)
+            local = self._local(state)
+            if getattr(self.model, "collective_export", False):  # the heads live on the ranks
+                if isinstance(start, bool) or isinstance(end, bool) or \
+                        not 0 <= int(start) <= int(end) <= local.length:
+                    raise ParameterError(f"cannot export positions [{start}, {end}) of a "
+                                         f"state holding {local.length}")
+                self._send({"op": "export_kv", "id": state.id, "start": int(start),
+                            "end": int(end)})
+            return self.model.export_kv(local, start, end)
 
     def import_kv(self, state: Any, keys: np.ndarray, values: np.ndarray) -> None:
         import torch
@@ -241,6 +250,8 @@ def follow(model: Any, group: ParallelGroup) -> None:
                 model.truncate(states[command["id"]], command["length"])
             elif op == "commit_tree":
                 model.commit_tree(states[command["id"]], command["path"])
+            elif op == "export_kv":
+                model.export_kv(states[command["id"]], command["start"], command["end"])
             elif op == "import_kv":
                 arrays = [np.empty(command["shape"], np.float32) for _ in range(2)]
                 for array in arrays:

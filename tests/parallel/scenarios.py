@@ -107,8 +107,10 @@ def scenario_rank(model: str, settings, folder: str, control: bool,
         generator = xd.Generator.from_pretrained(model, tensor_parallel=settings,
                                                  guard=heads)
         np.savez(os.path.join(folder, "tp.npz"), **scenario(generator, heads))
+        model_ = generator.target.model
         generator.target.close()
-        write_outcome(folder, rank(), ok=True)
+        write_outcome(folder, rank(), ok=True, model=type(model_).__name__,
+                      kv_heads=model_.new_state().cache.num_kv_heads)
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code == 0:
             write_outcome(folder, rank(), ok=True, followed=True)

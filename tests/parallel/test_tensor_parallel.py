@@ -18,7 +18,9 @@ SETTINGS = ParallelSettings(2, timeout_s=60, heartbeat_s=0.25, stale_s=3)
 
 def run_both(model: str, folder: str, control: bool, heads: bool = False
              ) -> tuple[dict, dict]:
-    """(TP=2 rank 0's scenario, TP=1's), after checking both ranks ended cleanly."""
+    """(TP=2 rank 0's scenario, TP=1's), after checking both ranks ended cleanly; the
+    scenario's outcome on rank 0 (which model class ran, its KV heads per rank) under
+    parallel["outcome"]."""
     import exactdraft as xd
 
     codes = launch(scenario_rank, 2, (model, SETTINGS, folder, control, heads), timeout_s=600)
@@ -28,14 +30,16 @@ def run_both(model: str, folder: str, control: bool, heads: bool = False
     with np.load(os.path.join(folder, "tp.npz")) as saved:
         parallel = {name: saved[name] for name in saved.files}
     single = scenario(xd.Generator.from_pretrained(model, guard=heads), heads)
-    return parallel, single
+    return parallel, single, outcomes[0]
 
 
 def test_two_ranks_write_the_bits_of_one_and_a_row_parallel_split_does_not(tmp_path):
     model = build_tiny_checkpoint(str(tmp_path / "model"), "llama", intermediate_size=128)
     runs = tmp_path / "runs"
     runs.mkdir()
-    parallel, single = run_both(model, str(runs), control=True)
+    parallel, single, outcome = run_both(model, str(runs), control=True)
+    # 2 ranks divide the 2 KV heads: attention split by heads, a KV head per rank.
+    assert outcome["model"] == "HeadSplitDecoderModel" and outcome["kv_heads"] == 1
     assert same_bits(parallel, single) == []
     assert len(single["tokens_serial"]) == 20 and len(single["tokens_engine0"]) == 12
     # Negative control: summing partial products across ranks changes bits of the logits.
@@ -55,7 +59,8 @@ def test_two_ranks_write_the_bits_of_one_in_every_dense_family(tmp_path, variant
     model = build_tiny_checkpoint(str(tmp_path / "model"), variant)
     runs = tmp_path / "runs"
     runs.mkdir()
-    parallel, single = run_both(model, str(runs), control=False)
+    parallel, single, outcome = run_both(model, str(runs), control=False)
+    assert outcome["model"] == "HeadSplitDecoderModel"
     assert same_bits(parallel, single) == []
 
 
@@ -67,7 +72,7 @@ def test_two_ranks_write_the_bits_of_one_with_experts(tmp_path, variant):
     model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
     runs = tmp_path / "runs"
     runs.mkdir()
-    parallel, single = run_both(model, str(runs), control=False)
+    parallel, single, _ = run_both(model, str(runs), control=False)
     assert same_bits(parallel, single) == []
     assert "after_chain" in single  # no token trees on this family: chains instead
 
@@ -78,6 +83,9 @@ def test_two_ranks_write_the_bits_of_one_on_smollm2(tmp_path):
     from exactdraft.pretrained import bundled_model_path
 
     # With the load-time guard and the bundled draft head (features, token trees) as well.
-    parallel, single = run_both(bundled_model_path(), str(tmp_path), control=False, heads=True)
+    parallel, single, outcome = run_both(bundled_model_path(), str(tmp_path), control=False,
+                                         heads=True)
+    # 2 ranks do not divide SmolLM2's 3 KV heads: every rank attends with every head.
+    assert outcome["model"] == "DecoderModel" and outcome["kv_heads"] == 3
     assert same_bits(parallel, single) == []
     assert "tokens_head2" in single

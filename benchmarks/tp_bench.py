@@ -1,17 +1,18 @@
-"""SmolLM2 with tensor parallel over two gloo ranks on this machine, against one process on the
+"""SmolLM2 with tensor parallel over gloo ranks on this machine, against one process on the
 same cores.
 
-    python benchmarks/tp_bench.py [--prefill 128] [--decode 32] [--json out.json]
+    python benchmarks/tp_bench.py [--ranks 2] [--prefill 128] [--decode 32] [--json out.json]
 
-TP=1 runs in this process with the C kernels on every core it may use; TP=2 runs two ranks
-(exactdraft.parallel.launch) with half the cores each. Both run the same passes: a prompt of
+TP=1 runs in this process with the C kernels on every core it may use; TP=N (--ranks, default
+2; "tpn_" in the report; 3 splits SmolLM2's attention by heads) runs N ranks
+(exactdraft.parallel.launch) sharing the cores evenly. Both run the same passes: a prompt of
 `--prefill` tokens in one pass, then `--decode` one-token passes. Reported, one run each, as
-measured: prefill and decode tokens/s and their TP=2 / TP=1 ratios (and TP=1's on the per-op
-layer path TP runs, to tell the gathers' cost from the per-op path's), payload bytes rank 0 sends
-per decoded token (the gathers are the same size on every rank), packed weight bytes held per
-rank against TP=1's (the target: <= 0.6x), each rank's anonymous resident memory after loading
-(TP=1's: this process after its passes),
-and whether rank 0's logits have TP=1's bytes (exit 1 when they do not).
+measured: prefill and decode tokens/s and their TP=N / TP=1 ratios (and TP=1's on the per-op
+layer path TP runs, to tell the gathers' cost from the per-op path's), payload bytes rank 0
+sends per decoded token (the gathers are the same size on every rank), packed weight bytes
+held per rank against TP=1's (the target at TP=2: <= 0.6x), each rank's anonymous resident
+memory after loading (TP=1's: this process after its passes), and whether rank 0's logits
+have TP=1's bytes (exit 1 when they do not).
 """
 
 from __future__ import annotations
@@ -76,17 +77,18 @@ def rank_main(model: str, prefill: int, decode: int, folder: str) -> None:
     from exactdraft.parallel import ParallelSettings
     from exactdraft.parallel.backend import GatheringBackend
     from exactdraft.parallel.group import ParallelGroup
-    from exactdraft.parallel.load import kernel_threads
+    from exactdraft.parallel.load import build_split_model, kernel_threads
     from exactdraft.parallel.target import TensorParallelTarget, follow
     from exactdraft.pretrained import load_checkpoint
 
-    settings = ParallelSettings(2, timeout_s=300)
+    settings = ParallelSettings(int(os.environ["WORLD_SIZE"]), timeout_s=300)
     checkpoint = load_checkpoint(model, with_tokenizer=False)
     group = ParallelGroup(settings)
     cpu.set_num_threads(kernel_threads(settings))
     backend = GatheringBackend(TorchCPUBackend(), group)
-    model_ = checkpoint.family.build(checkpoint.config, checkpoint.tensors, backend)
+    model_ = build_split_model(checkpoint, backend)
     measured = {"rank": group.rank, "weight_bytes": backend.matrix_bytes,
+                "model": type(model_).__name__,
                 "rss_anon": anonymous_resident_bytes(), "threads": cpu.num_threads()}
     if group.rank == 0:
         target = TensorParallelTarget(model_, group)
@@ -104,6 +106,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="a .gguf or folder (default: SmolLM2)")
     parser.add_argument("--prefill", type=int, default=128)
     parser.add_argument("--decode", type=int, default=32)
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="TP ranks (3 splits SmolLM2's attention by heads)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from exactdraft.kernels import cpu
@@ -125,12 +129,13 @@ def main() -> int:
     one["rss_anon"] = anonymous_resident_bytes()  # of this process: TP=1's model and its run
     del single
     with tempfile.TemporaryDirectory() as folder:
-        codes = launch(rank_main, 2, (model, args.prefill, args.decode, folder), timeout_s=1200)
-        if codes != [0, 0]:
+        codes = launch(rank_main, args.ranks, (model, args.prefill, args.decode, folder),
+                       timeout_s=1200)
+        if any(codes):
             print(f"the ranks exited with {codes}")
             return 1
         ranks = []
-        for rank in range(2):
+        for rank in range(args.ranks):
             with open(os.path.join(folder, f"rank{rank}.json")) as handle:
                 ranks.append(json.load(handle))
         two = ranks[0]
@@ -138,22 +143,23 @@ def main() -> int:
     tokens = args.decode
     report = {
         "model": os.path.basename(model), "cpus": len(os.sched_getaffinity(0)),
-        "prefill_tokens": args.prefill, "decode_tokens": tokens,
+        "prefill_tokens": args.prefill, "decode_tokens": tokens, "ranks": args.ranks,
+        "tp_model": two["model"],
         "tp1_prefill_tok_s": args.prefill / one["prefill_s"],
-        "tp2_prefill_tok_s": args.prefill / two["prefill_s"],
+        "tpn_prefill_tok_s": args.prefill / two["prefill_s"],
         "tp1_decode_tok_s": tokens / one["decode_s"],
-        "tp2_decode_tok_s": tokens / two["decode_s"],
+        "tpn_decode_tok_s": tokens / two["decode_s"],
         "tp1_per_op_prefill_tok_s": args.prefill / per_op_run["prefill_s"],
         "tp1_per_op_decode_tok_s": tokens / per_op_run["decode_s"],
         "bytes_sent_per_decoded_token_rank0": two["decode_bytes_sent"] / tokens,
-        "tp1_threads": one["threads"], "tp2_threads_per_rank": two["threads"],
+        "tp1_threads": one["threads"], "tpn_threads_per_rank": two["threads"],
         "tp1_weight_bytes": one["weight_bytes"],
-        "tp2_weight_bytes_per_rank": [r["weight_bytes"] for r in ranks],
-        "tp1_rss_anon": one["rss_anon"], "tp2_rss_anon_per_rank": [r["rss_anon"] for r in ranks],
+        "tpn_weight_bytes_per_rank": [r["weight_bytes"] for r in ranks],
+        "tp1_rss_anon": one["rss_anon"], "tpn_rss_anon_per_rank": [r["rss_anon"] for r in ranks],
         "logits_equal": same,
     }
-    report["prefill_ratio"] = report["tp2_prefill_tok_s"] / report["tp1_prefill_tok_s"]
-    report["decode_ratio"] = report["tp2_decode_tok_s"] / report["tp1_decode_tok_s"]
+    report["prefill_ratio"] = report["tpn_prefill_tok_s"] / report["tp1_prefill_tok_s"]
+    report["decode_ratio"] = report["tpn_decode_tok_s"] / report["tp1_decode_tok_s"]
     report["weight_ratio_max_rank"] = max(r["weight_bytes"] for r in ranks) / one["weight_bytes"]
     for key, value in report.items():
         print(f"{key:40s} {value:.3f}" if isinstance(value, float) else f"{key:40s} {value}")

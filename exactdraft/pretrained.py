@@ -22,7 +22,7 @@ from exactdraft.models.registry import Family, family_for_architecture, family_f
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The options load_checkpoint takes (from_pretrained passes them through).
-LOADING_OPTIONS = ("keep_quantized", "revision", "cache_dir", "with_tokenizer")
+LOADING_OPTIONS = ("keep_quantized", "revision", "cache_dir", "with_tokenizer", "tensor_parallel")
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Checkpoint:
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] | None = None
+    tensor_parallel: Any | None = None  # ParallelSettings when split across ranks
 
 
 def bundled_model_path() -> str | None:
@@ -67,10 +68,26 @@ def resolve_model_path(path_or_id: str | os.PathLike[str] | None, revision: str 
 
 def load_checkpoint(path_or_id: str | os.PathLike[str] | None, *, keep_quantized: bool = True,
                     revision: str | None = None, cache_dir: str | None = None,
-                    with_tokenizer: bool = True) -> Checkpoint:
+                    with_tokenizer: bool = True, tensor_parallel: Any | None = None) -> Checkpoint:
     """Read a checkpoint (a Hugging Face folder, a .gguf file, or a hub id) and map it through
     its family. GGUF block-quantized matrices stay in their blocks unless keep_quantized=False,
-    which dequantizes them to float32."""
+    which dequantizes them to float32. `tensor_parallel` (a rank count or
+    exactdraft.parallel.ParallelSettings) splits the model across torch.distributed's ranks
+    when it is built; a split the model cannot take is refused here."""
+    if tensor_parallel is not None:
+        from exactdraft.parallel.load import check_split
+        from exactdraft.parallel.settings import parallel_settings
+
+        tensor_parallel = parallel_settings(tensor_parallel)
+    checkpoint = _read_checkpoint(path_or_id, keep_quantized, revision, cache_dir, with_tokenizer)
+    if tensor_parallel is not None:
+        checkpoint.tensor_parallel = check_split(checkpoint.config, tensor_parallel)
+    return checkpoint
+
+
+def _read_checkpoint(path_or_id: str | os.PathLike[str] | None, keep_quantized: bool,
+                     revision: str | None, cache_dir: str | None,
+                     with_tokenizer: bool) -> Checkpoint:
     if not isinstance(keep_quantized, bool):
         raise ParameterError(f"keep_quantized must be True or False, got {keep_quantized!r}")
     path = resolve_model_path(path_or_id, revision=revision, cache_dir=cache_dir)
@@ -136,7 +153,14 @@ def _load_folder(folder: str, with_tokenizer: bool) -> Checkpoint:
 
 def build_target(checkpoint: Checkpoint, backend: Any = "auto", *, device: str | None = None,
                  dtype: str | None = None, max_context: int | None = None) -> Any:
-    """The checkpoint's model on a backend (a name, or a backend object)."""
+    """The checkpoint's model on a backend (a name, or a backend object); split across ranks
+    when the checkpoint was read with tensor_parallel > 1 (exactdraft.parallel)."""
+    settings = checkpoint.tensor_parallel
+    if settings is not None and settings.world_size > 1:
+        from exactdraft.parallel.load import build_parallel_target
+
+        return build_parallel_target(checkpoint, get_backend(backend, device=device, dtype=dtype),
+                                     settings, max_context=max_context)
     return checkpoint.family.build(checkpoint.config, checkpoint.tensors,
                                    get_backend(backend, device=device, dtype=dtype), max_context)
 

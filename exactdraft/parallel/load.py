@@ -1,0 +1,109 @@
+"""From a checkpoint to a tensor-parallel model: check the split, join the ranks, agree on the
+fingerprint, load this rank's columns, then drive (rank 0) or follow (the others).
+
+Invariant: a split that cannot be made is refused before a rank joins or a weight is read
+(ParameterError naming the rank count and what it exceeds, or the family not split yet); ranks
+whose files or settings differ stop before loading (TensorParallelError naming the rank); each
+rank reads and keeps only its own output columns of every weight matrix (sharding.py) plus the
+replicated vectors and the embedding rows a pass looks up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import Any
+
+from exactdraft.errors import ParameterError
+from exactdraft.parallel.settings import ParallelSettings, parallel_settings
+
+# Configurations of the models TP splits today: dense decoders (models/decoder.py) and the
+# mixture-of-experts families without recurrent layers (models/qwen3_moe.py).
+SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig")
+MOE_TYPES = ("qwen3_moe", "mixtral")
+
+
+def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> ParallelSettings:
+    """The settings, once the model can be split that many ways; else a ParameterError."""
+    settings = parallel_settings(tensor_parallel)
+    n = settings.world_size
+    kind = type(config).__name__
+    model_type = getattr(config, "model_type", kind)
+    if kind not in SPLIT_CONFIGS or (kind == "MoEConfig" and model_type not in MOE_TYPES):
+        raise ParameterError(
+            f"tensor_parallel={n}: {model_type!r} models are not split yet; tensor parallel "
+            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3) and "
+            f"the mixture-of-experts families {', '.join(MOE_TYPES)}")
+    if n > config.num_heads:
+        raise ParameterError(f"tensor_parallel={n} exceeds the model's {config.num_heads} "
+                             "attention heads")
+    return settings
+
+
+def kernel_threads(settings: ParallelSettings) -> int:
+    """C kernel threads for this rank: the setting, or this machine's CPUs shared evenly by
+    the ranks on it (LOCAL_WORLD_SIZE, as torchrun and launch set it)."""
+    if settings.threads_per_rank is not None:
+        return settings.threads_per_rank
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", settings.world_size))
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    return max(1, available // max(1, local_ranks))
+
+
+def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
+    """This rank's part of the model on a GatheringBackend: attention split by heads when the
+    ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
+    every head; every weight matrix split by output columns either way."""
+    from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
+
+    config, group = checkpoint.config, backend.group
+    family_module = sys.modules.get(checkpoint.family.build.__module__)
+    names = getattr(family_module, "NAMES", None)  # a dense family's TensorNames
+    if type(config).__name__ == "DecoderConfig" and names is not None and \
+            splits_heads(config, group.world_size):
+        heads = HeadRange(group.rank, group.world_size, config.num_heads, config.num_kv_heads,
+                          config.head_dim)
+        return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
+                                     heads)
+    return checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+
+
+def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *,
+                          max_context: int | None = None, followers_exit: bool = True) -> Any:
+    """On rank 0 the TensorParallelTarget; on the other ranks, follow rank 0 until it closes
+    the run, then exit the process (SystemExit(0)) or, with followers_exit=False, return
+    None. A script run under torchrun thus reads like a one-process script."""
+    from exactdraft.kernels import cpu
+    from exactdraft.models.decoder import DecoderModel
+    from exactdraft.models.hybrid import HybridModel
+    from exactdraft.parallel.backend import GatheringBackend
+    from exactdraft.parallel.fingerprint import run_fingerprint
+    from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.heads import HeadSplitDecoderModel
+    from exactdraft.parallel.target import TensorParallelTarget, follow
+
+    settings = check_split(checkpoint.config, tensor_parallel)
+    group = ParallelGroup(settings)
+    try:
+        cpu.set_num_threads(kernel_threads(settings))
+        wrapped = GatheringBackend(backend, group)
+        group.agree("checkpoint and settings",
+                    run_fingerprint(checkpoint, backend, settings.world_size, max_context))
+        model = build_split_model(checkpoint, wrapped, max_context)
+        if not (type(model) in (DecoderModel, HeadSplitDecoderModel) or
+                (type(model) is HybridModel and not model.recurrent and model.mtp is None)):
+            raise ParameterError(f"tensor parallel cannot split {model!r}")
+        group.barrier("loading")
+    except BaseException:
+        group.close()
+        raise
+    if group.rank == 0:
+        target = TensorParallelTarget(model, group)
+        atexit.register(target.close)
+        return target
+    follow(model, group)
+    if followers_exit:
+        raise SystemExit(0)
+    return None

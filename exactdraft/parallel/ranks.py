@@ -1,0 +1,83 @@
+"""Start the ranks of a tensor-parallel run on this machine, as torchrun would.
+
+Invariant: each rank is a fresh process (torch.multiprocessing, spawn) with torch.distributed's
+environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free
+MASTER_PORT) set before the function runs; a rank that dies is not killed along with the others
+by the launcher: the survivors detect it (group.py) and stop with an error naming it. The
+launcher only ends ranks still running past its own deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exactdraft.errors import ParameterError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _rank_main(rank: int, world_size: int, port: int, function: Callable[..., Any],
+               args: Sequence[Any]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    function(*args)
+
+
+def launch(function: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
+           timeout_s: float | None = None) -> list[int | None]:
+    """Run function(*args) in world_size new processes, one per rank, and wait for them all;
+    returns their exit codes in rank order (None: still running at timeout_s, then ended).
+    `function` must be importable by name (a module-level function)."""
+    import torch.multiprocessing as mp
+
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ParameterError(f"world_size must be an integer >= 1, got {world_size!r}")
+    context = mp.get_context("spawn")
+    port = free_port()
+    processes = [context.Process(target=_rank_main, name=f"exactdraft-rank-{rank}",
+                                 args=(rank, world_size, port, function, tuple(args)))
+                 for rank in range(world_size)]
+    for process in processes:
+        process.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    for process in processes:
+        process.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    codes: list[int | None] = []
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+            codes.append(None)
+        else:
+            codes.append(process.exitcode)
+    return codes
+
+
+def _command_rank(argv: Sequence[str]) -> None:
+    import sys
+
+    from exactdraft.cli import main
+
+    sys.exit(main(list(argv)))
+
+
+def run_command_ranks(argv: Sequence[str], world_size: int,
+                      timeout_s: float | None = None) -> int:
+    """Run the `exactdraft` command line `argv` in world_size ranks on this machine (as
+    `exactdraft serve --tensor-parallel N` does): every rank parses the same arguments, rank 0
+    drives and serves, the others follow. Returns 0 when every rank exited cleanly, else the
+    first nonzero exit status (1 for a rank ended by a signal or the timeout)."""
+    codes = launch(_command_rank, world_size, (list(argv),), timeout_s=timeout_s)
+    failed = [code for code in codes if code != 0]
+    return 0 if not failed else (failed[0] if isinstance(failed[0], int) and failed[0] > 0
+                                 else 1)

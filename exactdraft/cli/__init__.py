@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--compare", action="store_true",
                           help="also run serially and show that the two replies are identical "
                                "(default: off)")
+    shape = generate.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA",
+                       help="constrain the reply to a JSON schema: the schema's JSON text or a "
+                            "file holding it (default: none)")
+    shape.add_argument("--regex", help="constrain the reply to a regular expression")
+    shape.add_argument("--grammar", metavar="PATH",
+                       help="constrain the reply to a Lark grammar read from PATH")
+    shape.add_argument("--choices", metavar="A,B,...",
+                       help="constrain the reply to one of these comma-separated texts")
     generate.add_argument("--json", action="store_true",
                           help="print one JSON object instead of streaming text: tokens, "
                                "text, finish reason, stats and receipt (default: off)")
@@ -148,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"),
                        help="the server's log: info = one line per request (default: info)")
+    serve.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                       help="split the model over N ranks started on this machine, writing "
+                            "the bits of one rank (for several machines, start each rank with "
+                            "torchrun; docs/TENSOR_PARALLEL.md) (default: 1)")
     from exactdraft.training.command import add_arguments
 
     add_arguments(commands.add_parser("train-drafter", help="train a draft head (DraftHead) "
@@ -196,6 +209,7 @@ def validate(args: argparse.Namespace) -> None:
             if not text:
                 raise ParameterError("--stop needs a non-empty text")
         args.prompt_text, args.prompt_is_chat = prompts.read_prompt_source(args)
+        args.constraint = prompts.read_constraint(args)
 
 
 def _quiet_stdout() -> None:
@@ -222,6 +236,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the ranks serve starts
     from exactdraft.errors import ExactdraftError
 
     try:

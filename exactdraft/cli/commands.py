@@ -29,7 +29,8 @@ def validate_serve(args: argparse.Namespace) -> None:
     from exactdraft.errors import ParameterError
 
     for name, low, high in (("port", 0, 65535), ("max_sequences", 1, 1024),
-                            ("max_waiting", 1, 10**6), ("prefix_cache_mb", 0, 10**7)):
+                            ("max_waiting", 1, 10**6), ("prefix_cache_mb", 0, 10**7),
+                            ("tensor_parallel", 1, 1024)):
         value = getattr(args, name)
         if not low <= value <= high:
             raise ParameterError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got "
@@ -43,6 +44,12 @@ def validate_serve(args: argparse.Namespace) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from exactdraft.server import serve
     from exactdraft.server.service import check_aliases
+
+    if args.tensor_parallel > 1 and "RANK" not in os.environ:
+        # Every rank runs this same command; rank 0 serves, the others follow its passes.
+        from exactdraft.parallel import run_command_ranks
+
+        return run_command_ranks(args.argv, args.tensor_parallel)
 
     name = args.model_name or ("SmolLM2-135M-Instruct" if args.model is None else
                                os.path.basename(os.path.normpath(args.model)))
@@ -90,6 +97,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         return print_json(generator, args, prompt, params)
     stream = generator.stream(prompt, args.max_new_tokens, params, stop=args.stop,
+                              constraint=args.constraint,
                               drafts=not args.no_drafts)
     shown = 0
     try:
@@ -111,6 +119,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not args.compare:
         return 0
     serial = generator.generate(prompt, args.max_new_tokens, params.with_seed(result.seed),
+                                constraint=args.constraint,
                                 stop=args.stop, drafts=False)
     print("serial  " + summary(serial), file=sys.stderr)
     same = serial.tokens == result.tokens
@@ -137,11 +146,13 @@ def result_json(generator: Any, result: Any) -> dict[str, Any]:
 def print_json(generator: Any, args: argparse.Namespace, prompt: Any, params: Any) -> int:
     """--json: the reply as one JSON object on stdout (with --compare, the serial run's too)."""
     result = generator.generate(prompt, args.max_new_tokens, params, stop=args.stop,
+                                constraint=args.constraint,
                                 drafts=not args.no_drafts)
     document = result_json(generator, result)
     status = 0
     if args.compare:
         serial = generator.generate(prompt, args.max_new_tokens, params.with_seed(result.seed),
+                                    constraint=args.constraint,
                                     stop=args.stop, drafts=False)
         document["serial"] = result_json(generator, serial)
         document["identical"] = serial.tokens == result.tokens

@@ -39,6 +39,8 @@ def load_generator(args: argparse.Namespace) -> Any:
     options = dict(backend=args.backend, device=args.device, dtype=args.dtype,
                    keep_quantized=args.quantized)
     drafter = drafters.build(args.drafter, args.max_draft, options)
+    if getattr(args, "tensor_parallel", 1) > 1:
+        options["tensor_parallel"] = args.tensor_parallel
     return xd.Generator.from_pretrained(args.model, drafter=drafter,
                                         adaptive_depth=args.adaptive_depth, **options)
 

@@ -90,3 +90,33 @@ def read_prompts(path: str | None, raw: bool) -> list[Any]:
     if not texts:
         raise ParameterError(f"no prompts in {path}")
     return [t if raw or not isinstance(t, str) else chat_messages(t) for t in texts]
+
+
+def read_constraint(args: argparse.Namespace) -> Any:
+    """The Constraint that --json-schema, --regex, --grammar or --choices names, or None; a
+    bad one is refused (naming the flag) before a model loads."""
+    from exactdraft.errors import ConstraintError, ParameterError
+
+    flags = (("--json-schema", args.json_schema), ("--regex", args.regex),
+             ("--grammar", args.grammar), ("--choices", args.choices))
+    given = [(flag, value) for flag, value in flags if value is not None]
+    if not given:
+        return None
+    from exactdraft.constraints import Constraint
+
+    flag, value = given[0]
+    try:
+        if flag == "--json-schema":
+            text = value if value.lstrip().startswith("{") else \
+                _read_text(value, f"{flag} ", path=True)
+            try:
+                return Constraint.json_schema(json.loads(text))
+            except json.JSONDecodeError as error:
+                raise ParameterError(f"{flag}: not JSON ({error})") from None
+        if flag == "--regex":
+            return Constraint.regex(value)
+        if flag == "--grammar":
+            return Constraint.grammar(_read_text(value, f"{flag} ", path=True))
+        return Constraint.choices([choice for choice in value.split(",") if choice])
+    except ConstraintError as error:
+        raise ParameterError(f"{flag}: {error}") from None

@@ -4,7 +4,9 @@ Invariant: each rank is a fresh process (torch.multiprocessing, spawn) with torc
 environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free
 MASTER_PORT) set before the function runs; a rank that dies is not killed along with the others
 by the launcher: the survivors detect it (group.py) and stop with an error naming it. The
-launcher only ends ranks still running past its own deadline.
+launcher only ends ranks still running past its own deadline. No rank outlives its launcher:
+a launcher that is killed or interrupted takes its ranks with it (a server's ranks must not go
+on holding its port).
 """
 
 from __future__ import annotations
@@ -25,8 +27,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
+def _end_with(launcher: int) -> None:
+    """End this process when the launcher process `launcher` ends: the kernel's parent-death
+    signal on Linux, and a watch on the parent's id everywhere (it also covers a launcher that
+    died before the signal was set)."""
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exactdraft-launcher-watch", daemon=True).start()
+
+
 def _rank_main(rank: int, world_size: int, port: int, function: Callable[..., Any],
-               args: Sequence[Any]) -> None:
+               args: Sequence[Any], launcher: int) -> None:
+    _end_with(launcher)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -45,21 +72,23 @@ def launch(function: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     context = mp.get_context("spawn")
     port = free_port()
     processes = [context.Process(target=_rank_main, name=f"exactdraft-rank-{rank}",
-                                 args=(rank, world_size, port, function, tuple(args)))
+                                 args=(rank, world_size, port, function, tuple(args),
+                                       os.getpid()))
                  for rank in range(world_size)]
-    for process in processes:
-        process.start()
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    for process in processes:
-        process.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     codes: list[int | None] = []
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join()
-            codes.append(None)
-        else:
-            codes.append(process.exitcode)
+    try:
+        for process in processes:
+            process.start()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for process in processes:
+            process.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            codes.append(None if process.is_alive() else process.exitcode)
+    finally:  # past the deadline, or the launcher interrupted: no rank goes on alone
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
     return codes
 
 

@@ -13,7 +13,7 @@ from the snapshot at L or, for an L older than the last `rollback_window` positi
 replaying the kept tokens from the empty state (state.py). When the backend declares fused
 layers and every layer is one it can fuse (an attention mixer and a gated dense feed-forward),
 the stack runs through the backend's plans, built here once at load; their bits are those of
-the per-op path (Layer.run).
+the per-op path (Layer.run, layer.py).
 
 A pass asked for `features=True` also returns the final hidden state of every row it appended
 (after the final norm: the input of lm_head), with the same row invariance as the logits; an
@@ -37,76 +37,18 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.backends.base import (
-    ACTIVATIONS,
-    Backend,
-    DecoderLayer,
-    LayerShape,
-    SequenceLayers,
-)
+from exactdraft.backends.base import Backend, DecoderLayer, LayerShape, SequenceLayers
 from exactdraft.errors import ParameterError
-from exactdraft.formats import QuantizedTensor
 from exactdraft.models.cache import KVCache
-from exactdraft.models.mixers import AttentionMixer, DenseMLP, PassContext, SequencePass
+from exactdraft.models.layer import Layer, fused_layer, run_layers
+from exactdraft.models.mixers import PassContext, SequencePass
+from exactdraft.models.rows import checked_tokens, embedding_rows, final_rows, output_rows
 from exactdraft.models.state import SequenceState
 from exactdraft.models.target import Capabilities, Rows
 from exactdraft.models.token_tree import check_path, path_moves, tree_rows
 
 ROLLBACK_WINDOW = 32  # positions whose recurrent state is kept for rollback
 REPLAY_CHUNK = 512  # rows per pass when truncation replays tokens
-
-
-@dataclass
-class Layer:
-    """h = h + post_mixer_norm(mixer(rms_norm(h, mixer_norm))), then
-    h = h + post_feed_forward_norm(feed_forward(rms_norm(h, feed_forward_norm))); a part given
-    as None is skipped (Nemotron-H's layers have one of the two, Gemma's have the post norms)."""
-
-    mixer_norm: Any = None
-    mixer: Any = None  # AttentionMixer, GatedDeltaNet or Mamba2: run(backend, x, PassContext)
-    feed_forward_norm: Any = None
-    feed_forward: Any = None  # DenseMLP or MoEBlock
-    post_mixer_norm: Any = None
-    post_feed_forward_norm: Any = None
-
-    def run(self, be: Backend, hidden: Any, ctx: PassContext, eps: float) -> Any:
-        for norm, part, post in ((self.mixer_norm, self.mixer, self.post_mixer_norm),
-                                 (self.feed_forward_norm, self.feed_forward,
-                                  self.post_feed_forward_norm)):
-            if part is None:
-                continue
-            out = part.run(be, be.rms_norm(hidden, norm, eps), ctx)
-            if post is not None:
-                out = be.rms_norm(out, post, eps)
-            hidden = hidden + out
-        return hidden
-
-
-def run_layers(be: Backend, layers: Sequence[Layer], hidden: Any, ctx: PassContext,
-               eps: float) -> Any:
-    for layer in layers:
-        hidden = layer.run(be, hidden, ctx, eps)
-    return hidden
-
-
-def fused_layer(layer: Layer, index: int, eps: float, hidden_size: int
-                ) -> tuple[DecoderLayer, LayerShape] | None:
-    """The layer as a backend fuses it (DecoderLayer's docstring), or None when it is not an
-    attention mixer over KV slot `index` with a rope followed by a gated dense feed-forward."""
-    a, f = layer.mixer, layer.feed_forward
-    if not isinstance(a, AttentionMixer) or not isinstance(f, DenseMLP) or a.gated \
-            or a.rope is None or a.kv_slot != index or a.eps != eps \
-            or f.activation not in ACTIVATIONS or not f.inner_size \
-            or layer.mixer_norm is None or layer.feed_forward_norm is None:
-        return None
-    return (DecoderLayer(attention_norm=layer.mixer_norm, qkv=a.qkv, qkv_bias=a.qkv_bias,
-                         output=a.output, output_bias=a.output_bias, q_norm=a.q_norm,
-                         k_norm=a.k_norm, post_attention_norm=layer.post_mixer_norm,
-                         mlp_norm=layer.feed_forward_norm, gate_up=f.gate_up,
-                         gate_up_bias=f.gate_up_bias, down=f.down, down_bias=f.down_bias,
-                         post_mlp_norm=layer.post_feed_forward_norm),
-            LayerShape(hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, f.inner_size,
-                       a.window, eps, a.scale, f.activation))
 
 
 @dataclass(frozen=True)
@@ -158,65 +100,6 @@ def check_max_context(max_context: Any) -> None:
     if max_context is not None and (isinstance(max_context, bool) or
                                     not isinstance(max_context, int) or max_context < 1):
         raise ParameterError(f"max_context must be an integer >= 1, got {max_context!r}")
-
-
-def checked_tokens(tokens: Sequence[int], start: int, vocab_size: int,
-                   max_context: int) -> np.ndarray:
-    """Token ids as int64, or a ParameterError naming the first bad id or the overrun."""
-    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    if ids.size == 0:
-        raise ParameterError("forward needs at least one token")
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    if bad.size:
-        raise ParameterError(f"token id {int(ids[bad[0]])} at index {int(bad[0])} is outside "
-                             f"the vocabulary [0, {vocab_size})")
-    if start + ids.size > max_context:
-        raise ParameterError(f"{start + ids.size} positions exceed the model's context of "
-                             f"{max_context}")
-    return ids
-
-
-def final_rows(be: Backend, hidden: Any, counts: Sequence[int], rows: Rows, norm: Any,
-               eps: float, lm_head: Any, every_row: bool) -> tuple[list[np.ndarray], Any]:
-    """The end of a pass whose parts hold `counts` consecutive rows of `hidden`: each part's
-    logits (of its last row, or of all its rows), and with `every_row` each part's normed
-    hidden rows on the host (else None). The norm is row invariant, so norming every row
-    changes no logit's bits."""
-    ends = np.cumsum(counts)
-    normed = be.rms_norm(hidden, norm, eps) if every_row else None
-    source = hidden if normed is None else normed
-    if rows == "last":
-        last = (ends - 1).tolist()
-        source = be.concatenate([source[r:r + 1] for r in last]) if len(last) > 1 \
-            else source[last[0]:last[0] + 1]
-        sizes = [1] * len(counts)
-    else:
-        sizes = list(counts)
-    if normed is None:
-        source = be.rms_norm(source, norm, eps)
-    logits = be.to_host(be.linear(source, lm_head))
-    bounds = np.cumsum([0, *sizes])
-    split = [logits[bounds[i]:bounds[i + 1]] for i in range(len(counts))]
-    if normed is None:
-        return split, None
-    host = be.to_host(normed)
-    return split, [host[end - count:end] for count, end in zip(counts, ends)]
-
-
-def output_rows(table: Any, ids: np.ndarray, stored: bool) -> Any:
-    """Rows `ids` of an output table: float32, or with `stored` blocks stay blocks."""
-    if stored and isinstance(table, QuantizedTensor):
-        return QuantizedTensor(table.format, np.ascontiguousarray(table.data[ids]),
-                               (ids.size, table.shape[1]))
-    return embedding_rows(table, ids)
-
-
-def embedding_rows(table: Any, ids: np.ndarray) -> np.ndarray:
-    """float32 rows [len(ids), H] of an embedding table, dequantizing only those rows."""
-    take = getattr(table, "take_rows", None)
-    if take is not None:
-        return take(ids)
-    return np.ascontiguousarray(np.asarray(table)[ids], dtype=np.float32)
 
 
 class DecoderModel:

@@ -136,7 +136,7 @@ class AttentionMixer:
 class DenseMLP:
     """silu- or GELU-tanh-gated (gate_up holds gate then up; activation "silu" or
     "gelu_tanh") or, with activation "relu2", up then relu(x)**2 (Nemotron-H). `inner_size`,
-    where known, lets a backend fuse the layer (exactdraft.models.decoder.fused_layer)."""
+    where known, lets a backend fuse the layer (exactdraft.models.layer.fused_layer)."""
 
     gate_up: Any
     down: Any

@@ -26,8 +26,9 @@ import numpy as np
 
 from exactdraft.backends.base import Backend
 from exactdraft.models.cache import KVCache
-from exactdraft.models.decoder import Layer, checked_tokens, embedding_rows
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import PassContext, SequencePass
+from exactdraft.models.rows import checked_tokens, embedding_rows
 from exactdraft.models.state import SequenceState
 
 

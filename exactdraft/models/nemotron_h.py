@@ -30,7 +30,7 @@ import numpy as np
 from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader
-from exactdraft.models.decoder import DecoderModel, HeadShape, Layer, Trunk
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
 from exactdraft.models.gguf_names import (
     GGUFRenamed,
     Part,
@@ -40,6 +40,7 @@ from exactdraft.models.gguf_names import (
     rope_row_order,
     take_rows,
 )
+from exactdraft.models.layer import Layer
 from exactdraft.models.mamba2 import Mamba2
 from exactdraft.models.mixers import dense_mlp, dense_weights, load_attention, norm_vector
 from exactdraft.models.moe import MoEBlock, RouterSettings, load_experts, make_moe_block

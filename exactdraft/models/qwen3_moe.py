@@ -30,7 +30,7 @@ from exactdraft.models.config import (
     rope_theta_from_hf,
     sliding_windows_from_hf,
 )
-from exactdraft.models.decoder import DecoderModel, HeadShape, Layer, Trunk
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
 from exactdraft.models.gguf_names import (
     GGUF_ATTENTION,
     GGUF_MLP,
@@ -43,6 +43,7 @@ from exactdraft.models.gguf_names import (
     rope_row_order,
     take_rows,
 )
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import dense_mlp, load_attention, norm_vector
 from exactdraft.models.moe import RouterSettings, load_experts, make_moe_block
 from exactdraft.models.registry import Family

@@ -33,7 +33,7 @@ from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
-from exactdraft.models.decoder import DecoderModel, HeadShape, Layer, Trunk
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
 from exactdraft.models.gated_deltanet import GatedDeltaNet
 from exactdraft.models.gguf_names import (
     GGUF_ATTENTION,
@@ -44,6 +44,7 @@ from exactdraft.models.gguf_names import (
     gguf_reader,
     gguf_special_tokens,
 )
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import (
     dense_mlp,
     dense_weights,

@@ -21,7 +21,8 @@ from exactdraft.backends.base import Backend
 from exactdraft.formats import stack_rows
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import DecoderConfig
-from exactdraft.models.decoder import DecoderModel, Layer, Trunk, check_max_context
+from exactdraft.models.decoder import DecoderModel, Trunk, check_max_context
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import AttentionMixer, DenseMLP
 from exactdraft.models.tensors import check_shapes, tensor_shape, weights_digest
 

@@ -94,7 +94,9 @@ def weight_bytes_per_token(target) -> int:
     """Bytes of every matrix a decode step reads (the embedding lookup reads one row)."""
     total = 0
     matrices = [target.lm_head] + [m for layer in target.layers
-                                   for m in (layer.qkv, layer.output, layer.gate_up, layer.down)]
+                                   for m in (layer.mixer.qkv, layer.mixer.output,
+                                             layer.feed_forward.gate_up,
+                                             layer.feed_forward.down)]
     for matrix in matrices:
         packed = getattr(matrix, "packed", matrix)  # the C-kernel backend wraps packed weights
         for part in packed if isinstance(packed, list) else [packed]:

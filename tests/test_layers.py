@@ -1,5 +1,7 @@
 """The package's shape: layers import only downward, no module imports itself back through a
-cycle, loading/ builds nothing, and the package imports with only its base dependencies."""
+cycle, loading/ builds nothing, no model family imports another, no module reads another
+layer's internals (its private names, or the attributes of a layer it may not import), and
+the package imports with only its base dependencies."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 PACKAGE = Path(__file__).resolve().parents[1] / "exactdraft"
 
@@ -139,6 +143,158 @@ def test_the_checks_can_fail():
     edges["exactdraft.formats"] = edges["exactdraft.formats"] | {"exactdraft.dequantize"}
     edges["exactdraft.dequantize"] = edges["exactdraft.dequantize"] | {"exactdraft.formats"}
     assert any("exactdraft.dequantize -> exactdraft.formats" in c for c in cycles(edges))
+
+
+# -- model families ------------------------------------------------------------------------------
+
+def family_modules(edges: dict[str, set[str]]) -> set[str]:
+    """The modules of exactdraft.models that define a model family (a top-level FAMILY)."""
+    found = set()
+    for name in edges:
+        if not name.startswith("exactdraft.models."):
+            continue
+        tree = ast.parse(module_path(name).read_text())
+        if any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "FAMILY"
+                                                     for t in node.targets)
+               for node in tree.body):
+            found.add(name)
+    return found
+
+
+def module_path(name: str) -> Path:
+    path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+    return path if path.is_file() else PACKAGE.parent / name.replace(".", "/") / "__init__.py"
+
+
+def family_imports(edges: dict[str, set[str]], families: set[str]) -> list[str]:
+    return sorted(f"{module} -> {target}" for module in families
+                  for target in edges[module] & families)
+
+
+def test_no_family_imports_another_family():
+    edges = graph()
+    families = family_modules(edges)
+    assert {"exactdraft.models.llama", "exactdraft.models.gemma3", "exactdraft.models.qwen3_moe",
+            "exactdraft.models.qwen3_next", "exactdraft.models.nemotron_h"} <= families
+    wrong = family_imports(edges, families)
+    assert not wrong, "family modules importing each other:\n" + "\n".join(wrong)
+
+
+def test_the_family_check_can_fail():
+    """Negative control: a family borrowing a helper from a sibling is reported."""
+    edges = graph()
+    families = family_modules(edges)
+    edges["exactdraft.models.gemma3"] = edges["exactdraft.models.gemma3"] | {
+        "exactdraft.models.llama"}
+    assert family_imports(edges, families) == [
+        "exactdraft.models.gemma3 -> exactdraft.models.llama"]
+
+
+# -- reads of another layer's internals ----------------------------------------------------------
+
+# Names every Python object, container, string or numpy array has: reading them says nothing
+# about which layer an object comes from.
+COMMON_NAMES = set().union(*(dir(kind) for kind in (object, list, dict, set, tuple, str, bytes,
+                                                     int, float, memoryview, Path, np.ndarray,
+                                                     np.dtype)))
+
+
+def class_attributes(tree: ast.AST) -> set[str]:
+    """Attribute names a module defines: class members and fields, and every `x.name = ...`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def internal_reads(sources: dict[str, str]) -> list[str]:
+    """Reads of another layer's internals, statically: (1) a private name (`_x`) imported from
+    a module of another layer, or read as an attribute of anything but self or cls when the
+    reading module does not define it; (2) an attribute that only a layer the reader may not
+    import (APART) defines, such as a loader's fields read by a model. Names every object has
+    (COMMON_NAMES) are not counted."""
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    defined = {name: class_attributes(tree) for name, tree in trees.items()}
+    by_layer: dict[str, set[str]] = {}
+    for name, names in defined.items():
+        by_layer.setdefault(layer(name), set()).update(names)
+    wrong = []
+    for name, tree in trees.items():
+        own = layer(name)
+        if own == "__init__":
+            continue
+        allowed = set().union(*(names for other, names in by_layer.items()
+                                if RANKS[other] <= RANKS[own] and (own, other) not in APART))
+        apart = set().union(*(names for other, names in by_layer.items()
+                              if (own, other) in APART)) - allowed - COMMON_NAMES
+        for node in ast.walk(tree):
+            # (The package root's private names are its compiled extensions, each the
+            # native half of one module.)
+            if isinstance(node, ast.ImportFrom) and node.module in sources \
+                    and layer(node.module) not in (own, "__init__"):
+                wrong += [f"{name}:{node.lineno} imports {node.module}.{alias.name}"
+                          for alias in node.names if is_private(alias.name)]
+            if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+                continue
+            mine = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if is_private(node.attr) and not mine and node.attr not in defined[name]:
+                wrong.append(f"{name}:{node.lineno} reads {ast.unparse(node)}")
+            elif node.attr in apart:
+                wrong.append(f"{name}:{node.lineno} reads {ast.unparse(node)}, which only a "
+                             "layer it may not import defines")
+    return sorted(wrong)
+
+
+def package_sources() -> dict[str, str]:
+    return {module_name(path): path.read_text() for path in PACKAGE.rglob("*.py")}
+
+
+# Reads still to be removed, as (module, private name read); an entry goes once its module no
+# longer has it.
+KNOWN_INTERNAL_READS = {("exactdraft.backends.torch_cuda", "_matmul_kernel")}
+
+
+def known(line: str) -> bool:
+    return any(line.startswith(module + ":") and line.endswith("." + name)
+               for module, name in KNOWN_INTERNAL_READS)
+
+
+def test_no_module_reads_another_layers_internals():
+    wrong = [line for line in internal_reads(package_sources()) if not known(line)]
+    assert not wrong, "reads of another layer's internals:\n" + "\n".join(wrong)
+
+
+def test_the_internals_check_can_fail():
+    """Negative controls: a model reading the GGUF loader's keep_quantized (the side door the
+    check was written for), a private name imported across layers, and a private attribute of
+    another object are all reported; reading one's own private attributes is not."""
+    sources = package_sources()
+    sources["exactdraft.models.moe"] += (
+        "\n\ndef _side_door(tensors):\n    return tensors.keep_quantized\n")
+    sources["exactdraft.models.cache"] += (
+        "\n\nfrom exactdraft.formats import _private_helper\n")
+    sources["exactdraft.models.state"] += (
+        "\n\ndef _peek(cache):\n    return cache._hidden_rows\n")
+    sources["exactdraft.models.token_tree"] += (
+        "\n\nclass _Own:\n    def own_private_value(self):\n        return self._mine\n")
+    found = set(internal_reads(sources)) - set(internal_reads(package_sources()))
+    assert len(found) == 3, found
+    assert any("models.moe" in line and "tensors.keep_quantized" in line for line in found)
+    assert any("imports exactdraft.formats._private_helper" in line for line in found)
+    assert any("reads cache._hidden_rows" in line for line in found)
 
 
 BLOCKER = """

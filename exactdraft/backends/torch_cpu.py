@@ -233,7 +233,7 @@ class TorchCPUBackend(TorchBackend):
                   sin: Any) -> Any:
         """One decoder layer for the rows of `sequences`: writes each one's keys and values
         into its buffers [Hkv, capacity, D] and returns the new hidden [M, H]; bit for bit the
-        per-op body (exactdraft.models.blocks.decoder_layer) on this backend."""
+        per-op body (exactdraft.models.layer.Layer.run) on this backend."""
         return self.run_layers([plan], hidden, [
             SequenceLayers([s.keys], [s.values], s.start, s.rows, s.depths, s.tree_paths)
             for s in sequences], [(cos, sin)])

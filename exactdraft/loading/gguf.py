@@ -206,6 +206,23 @@ class GGUFTensors(Mapping):
     def shape(self, name: str) -> tuple[int, ...]:
         return self.file.tensors[name].shape
 
+    def is_block_quantized(self, name: str) -> bool:
+        """Whether the tensor is stored in a block format (not F32, F16 or BF16)."""
+        return self.file.tensors[name].format.quantized
+
+    def stacked_entry(self, name: str, index: int) -> np.ndarray | QuantizedTensor:
+        """Entry `index` [rows, K] of a block-quantized stack [E, rows, K] (the experts of a
+        mixture-of-experts layer): its blocks as the file stores them when keep_quantized,
+        else their float32 dequantization, decoding only its rows."""
+        info = self.file.tensors[name]
+        if len(info.shape) != 3 or not info.format.quantized or not 0 <= index < info.shape[0]:
+            raise WeightError(f"{self.file.path}: tensor {name!r} ({info.format.name}, "
+                              f"{info.shape}) has no stacked entry {index}")
+        _, rows, depth = info.shape
+        blocks = self.file.raw(name)[index * rows:(index + 1) * rows]
+        matrix = QuantizedTensor(info.format.name, blocks, (rows, depth))
+        return matrix if self.keep_quantized else matrix.dequantize()
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.file.tensors)
 

@@ -212,3 +212,17 @@ def rope_theta_from_hf(reader: ConfigReader, default: float = 10000.0) -> float:
     if isinstance(parameters, Mapping) and parameters.get("rope_theta") is not None:
         return ConfigReader(parameters, reader.source).float("rope_theta")
     return reader.float("rope_theta", default)
+
+
+def sliding_windows_from_hf(reader: ConfigReader, num_layers: int) -> tuple[int, ...]:
+    """Per-layer windows from sliding_window, use_sliding_window and layer_types."""
+    window = reader.int("sliding_window", 0, minimum=0)
+    if reader.value("use_sliding_window", None) is False:
+        window = 0
+    layer_types = reader.value("layer_types", None)
+    if layer_types:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            raise reader.fail("layer_types", f"must list one type for each of the {num_layers} "
+                              f"layers, got {layer_types!r}")
+        return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
+    return (window,) * num_layers

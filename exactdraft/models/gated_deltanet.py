@@ -50,7 +50,7 @@ class GatedDeltaNet:
     key_dim: int
     value_dim: int
     eps: float
-    slot: int  # this layer's place in a HybridState's recurrent states
+    slot: int  # this layer's place in a SequenceState's recurrent states
 
     @property
     def conv_channels(self) -> int:

@@ -1,12 +1,12 @@
 """The gemma3 family (the text model of Gemma 3): config mapping, tensor names and the model.
 
-Invariant: a Gemma 3 checkpoint reaches DecoderModel as the layer the DecoderLayer docstring
-describes, with Gemma's choices made explicit: embeddings times float32(sqrt(hidden)), RMS norm
-weights used as (1 + w) (Hugging Face stores w and applies 1 + w in float32; llama.cpp's
-converter stores 1 + w already, so GGUF weights are used as they are), norms before and after
-attention and the MLP, q/k norms, GELU-tanh gating, scores scaled by query_pre_attn_scalar**-0.5,
-sliding-window layers with their own unscaled rope base beside global layers with the global
-base and scaling, and tied embeddings.
+Invariant: a Gemma 3 checkpoint reaches DecoderModel as transformer layers, each the layer the
+DecoderLayer docstring describes, with Gemma's choices made explicit: embeddings times
+float32(sqrt(hidden)), RMS norm weights used as (1 + w) (Hugging Face stores w and applies
+1 + w in float32; llama.cpp's converter stores 1 + w already, so GGUF weights are used as
+they are), norms before and after attention and the MLP, q/k norms, GELU-tanh gating, scores
+scaled by query_pre_attn_scalar**-0.5, sliding-window layers with their own unscaled rope base
+beside global layers with the global base and scaling, and tied embeddings.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader, DecoderConfig, RopeScaling
-from exactdraft.models.decoder import DecoderModel, TensorNames
-from exactdraft.models.gguf_names import RenamedTensors
-from exactdraft.models.llama import gguf_special_tokens
+from exactdraft.models.decoder import DecoderModel
+from exactdraft.models.gguf_names import RenamedTensors, gguf_special_tokens
 from exactdraft.models.registry import Family
+from exactdraft.models.transformer import TensorNames, transformer_model
 
 NAMES = TensorNames(
     post_attention_norm="model.layers.{i}.post_attention_layernorm.weight",
@@ -224,7 +224,7 @@ class _ShiftedNorms(Mapping):
 
 def build(config: DecoderConfig, tensors: Mapping[str, Any], backend: Any,
           max_context: int | None = None) -> DecoderModel:
-    return DecoderModel(config, tensors, backend, max_context, NAMES)
+    return transformer_model(config, tensors, backend, max_context, NAMES)
 
 
 FAMILY = Family(

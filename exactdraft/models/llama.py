@@ -1,10 +1,10 @@
 """The llama family: llama, mistral, qwen2 and qwen3 (and llama-architecture GGUF files such as
 SmolLM2): config mapping, tensor names and the model.
 
-Invariant: whatever file it comes from, a llama-family checkpoint reaches DecoderModel with the
-values it stores under Hugging Face's names and layout: GGUF q/k rows, which llama.cpp's converter
-interleaves for its rope, are put back in rotate-half order, and llama3 rope scaling stored as
-per-frequency factors is recovered exactly or refused.
+Invariant: whatever file it comes from, a llama-family checkpoint reaches DecoderModel (as
+transformer layers) with the values it stores under Hugging Face's names and layout: GGUF q/k
+rows, which llama.cpp's converter interleaves for its rope, are put back in rotate-half order,
+and llama3 rope scaling stored as per-frequency factors is recovered exactly or refused.
 """
 
 from __future__ import annotations
@@ -24,13 +24,21 @@ from exactdraft.models.config import (
     RopeScaling,
     rope_scaling_from_hf,
     rope_theta_from_hf,
+    sliding_windows_from_hf,
 )
-from exactdraft.models.decoder import DecoderModel, TensorNames
-from exactdraft.models.gguf_names import RenamedTensors
+from exactdraft.models.decoder import DecoderModel
+from exactdraft.models.gguf_names import (
+    ROPE_FACTORS,
+    RenamedTensors,
+    gguf_rope_scaling,
+    gguf_special_tokens,
+    rope_row_order,
+    take_rows,
+)
 from exactdraft.models.registry import Family, family_for_model_type
+from exactdraft.models.transformer import TensorNames, transformer_model
 
 NAMES = TensorNames()
-ROPE_FACTORS = "rope_freqs.weight"  # llama3 rope scaling as per-frequency factors
 # llama.cpp runs the llama architecture with an interleaved rope and permutes these rows for it.
 _ROTATED_TENSOR = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
 
@@ -69,20 +77,6 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         eos_token_ids=reader.token_ids("eos_token_id"),
         source=source,
     )
-
-
-def sliding_windows_from_hf(reader: ConfigReader, num_layers: int) -> tuple[int, ...]:
-    """Per-layer windows from sliding_window, use_sliding_window and layer_types."""
-    window = reader.int("sliding_window", 0, minimum=0)
-    if reader.value("use_sliding_window", None) is False:
-        window = 0
-    layer_types = reader.value("layer_types", None)
-    if layer_types:
-        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-            raise reader.fail("layer_types", f"must list one type for each of the {num_layers} "
-                              f"layers, got {layer_types!r}")
-        return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
-    return (window,) * num_layers
 
 
 def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
@@ -141,14 +135,6 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     )
 
 
-def gguf_special_tokens(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """bos_token_id and eos_token_ids (eos, end of turn, end of message) of GGUF metadata."""
-    reader = ConfigReader(fields, source, prefix="tokenizer.ggml.")
-    eos = [reader.int(f"{k}_token_id", None, minimum=0) for k in ("eos", "eot", "eom")]
-    return {"bos_token_id": reader.int("bos_token_id", None, minimum=0),
-            "eos_token_ids": tuple(dict.fromkeys(i for i in eos if i is not None))}
-
-
 def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float,
                                 original_context: int, source: str = "<gguf>"
                                 ) -> RopeScaling | None:
@@ -181,41 +167,6 @@ def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float
     return scaling
 
 
-def gguf_rope_scaling(reader: ConfigReader) -> RopeScaling | None:
-    kind = reader.value("rope.scaling.type", None)
-    factor = reader.value("rope.scaling.factor", reader.value("rope.scale_linear", None))
-    if kind is None and factor is not None:
-        kind = "linear"
-    if kind in (None, "none"):
-        return None
-    if kind != "linear":
-        raise reader.fail("rope.scaling.type", f"{kind!r} is not supported; supported: "
-                          f"linear (and llama3 factors in {ROPE_FACTORS})")
-    factor = reader.float("rope.scaling.factor", reader.float("rope.scale_linear", 1.0))
-    return None if factor == 1.0 else RopeScaling("linear", factor=factor)
-
-
-def rope_row_order(num_heads: int, head_dim: int) -> np.ndarray:
-    """Row indices that undo llama.cpp's q/k permutation: hf_rows = gguf_rows[order].
-
-    The converter moves, within each head, row j * head_dim / 2 + i (half j, pair index i) to
-    row 2 * i + j, so that rotated pairs sit next to each other for the interleaved rope."""
-    half = head_dim // 2
-    within = np.arange(head_dim)
-    per_head = (within % half) * 2 + within // half
-    return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
-
-
-def take_rows(value: Any, order: np.ndarray) -> Any:
-    """The rows `order` of a weight (blocks move as whole rows) or of a bias vector."""
-    from exactdraft.formats import QuantizedTensor
-
-    if isinstance(value, QuantizedTensor):
-        return QuantizedTensor(value.format, np.ascontiguousarray(value.data[order]),
-                               value.shape)
-    return np.ascontiguousarray(np.asarray(value)[order])
-
-
 def gguf_tensors(config: DecoderConfig, tensors: Mapping[str, Any],
                  source: str) -> Mapping[str, Any]:
     if not isinstance(config, DecoderConfig):  # a llama file with experts
@@ -233,10 +184,10 @@ def gguf_tensors(config: DecoderConfig, tensors: Mapping[str, Any],
 
 
 def build(config: DecoderConfig, tensors: Mapping[str, Any], backend: Any,
-          max_context: int | None = None) -> Any:
+          max_context: int | None = None) -> DecoderModel:
     if not isinstance(config, DecoderConfig):  # a llama file with experts
         return _moe_family().build(config, tensors, backend, max_context)
-    return DecoderModel(config, tensors, backend, max_context, NAMES)
+    return transformer_model(config, tensors, backend, max_context, NAMES)
 
 
 def _moe_family() -> Family:

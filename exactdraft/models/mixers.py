@@ -1,5 +1,5 @@
-"""The attention and dense MLP mixers of the hybrid and mixture-of-experts trunks, and what a
-mixer sees of a pass.
+"""The attention token mixer and the dense feed-forward of every decoder family, and what a
+layer sees of a pass.
 
 Invariant: a mixer's output for a row has the bits it gets when its sequence runs alone and the
 row is computed by itself. Matmuls, norms, rope and attention go through the backend's row
@@ -10,76 +10,46 @@ Attention covers the families' variants: grouped-query heads, per-head q/k RMS n
 the first `rotary_dim` dimensions of each head (q and k rows are permuted at load so that the
 rotated pairs are (i, i + D/2) and the unrotated dimensions meet cos 1, sin 0, which leaves
 them exactly as they are; scores are unchanged since q and k are permuted alike), no rope at
-all, sliding windows, and an output gate (Qwen3-Next: the attended rows times sigmoid of a
-second half of q_proj, before o_proj).
+all, sliding windows, biases, and an output gate (Qwen3-Next: the attended rows times sigmoid
+of a second half of q_proj, before o_proj); and token trees, where a row sits at its depth past
+the sequence's start and attends to its own path only (tree_attention backends). The dense
+feed-forward is silu- or GELU-tanh-gated, or squared ReLU.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from exactdraft.backends.base import Backend
-from exactdraft.errors import WeightError
 from exactdraft.formats import stack_rows
 from exactdraft.models.blocks import RopeTable
-from exactdraft.models.decoder import hash_tensor, tensor_shape
-from exactdraft.models.recurrent import F32, HybridState, sigmoid32
-
-
-class TensorReader:
-    """A checkpoint's tensors as a family reads them: every read checks the tensor exists and
-    has the shape the config calls for (a WeightError naming it otherwise) and is remembered,
-    so that the weights digest covers exactly the tensors the model uses."""
-
-    def __init__(self, tensors: Mapping[str, Any], source: str) -> None:
-        self.tensors = tensors
-        self.source = source
-        self.used: set[str] = set()
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        if name not in self.tensors:
-            raise WeightError(f"{self.source}: checkpoint is missing tensor {name!r}")
-        return tensor_shape(self.tensors, name)
-
-    def get(self, name: str, shape: tuple[int, ...] | None = None) -> Any:
-        """The tensor as stored (quantized weights stay quantized)."""
-        found = self.shape(name)
-        if shape is not None and found != tuple(shape):
-            raise WeightError(f"{self.source}: tensor {name!r} has shape {found}, expected "
-                              f"{tuple(shape)} from the config")
-        self.used.add(name)
-        return self.tensors[name]
-
-    def array(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
-        """The tensor as float32 numpy."""
-        return np.ascontiguousarray(np.asarray(self.get(name, shape), dtype=F32))
-
-    def digest(self) -> str:
-        digest = hashlib.sha256()
-        for name in sorted(self.used):
-            digest.update(name.encode() + b"\0")
-            hash_tensor(digest, self.tensors[name])
-        return digest.hexdigest()
+from exactdraft.models.recurrent import F32, sigmoid32
+from exactdraft.models.state import SequenceState
+from exactdraft.models.tensors import TensorReader
 
 
 @dataclass
 class SequencePass:
-    """One sequence's rows in a pass: `count` rows at positions start.. . Recurrent mixers put
-    in `row_states[slot]` their state after each row r >= keep_from."""
+    """One sequence's rows in a pass: `count` rows into KV slots start.. of its state; a chain
+    at the positions of its slots, or a token tree (exactdraft.models.token_tree) whose row r
+    sits at start + depths[r] and sees its path's keys. Recurrent mixers put in
+    `row_states[slot]` their state after each row r >= keep_from."""
 
-    state: HybridState
+    state: SequenceState
     start: int
     count: int
     keep_from: int
+    depths: np.ndarray | None = None  # [count] int32
+    tree_paths: np.ndarray | None = None  # [count, count] int32
     row_states: dict[int, list[Any]] = field(default_factory=dict)
+
+    def positions(self) -> np.ndarray:
+        if self.depths is None:
+            return np.arange(self.start, self.start + self.count, dtype=np.int64)
+        return self.start + self.depths.astype(np.int64)
 
 
 class PassContext:
@@ -88,8 +58,7 @@ class PassContext:
     def __init__(self, backend: Backend, parts: list[SequencePass]) -> None:
         self.backend = backend
         self.parts = parts
-        self.positions = np.concatenate([np.arange(p.start, p.start + p.count, dtype=np.int64)
-                                         for p in parts])
+        self.positions = np.concatenate([p.positions() for p in parts])
         self._rope: dict[int, tuple[Any, Any]] = {}
 
     def rope_rows(self, table: RopeTable) -> tuple[Any, Any]:
@@ -150,10 +119,10 @@ class AttentionMixer:
             end = row + part.count
             cache = part.state.cache
             cache.write(self.kv_slot, part.start, k[row:end], v[row:end])
-            positions = np.arange(part.start, part.start + part.count, dtype=np.int64)
+            tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
             parts.append(be.attention(q[row:end], cache.keys[self.kv_slot],
-                                      cache.values[self.kv_slot], positions, self.window,
-                                      self.scale))
+                                      cache.values[self.kv_slot], part.positions(), self.window,
+                                      self.scale, **tree))
             row = end
         attended = (parts[0] if len(parts) == 1 else be.concatenate(parts)).reshape(count,
                                                                                    q_size)
@@ -165,24 +134,30 @@ class AttentionMixer:
 
 @dataclass
 class DenseMLP:
-    """silu-gated (gate_up holds gate then up) or, with activation "relu2", up then
-    relu(x)**2 (Nemotron-H)."""
+    """silu- or GELU-tanh-gated (gate_up holds gate then up; activation "silu" or
+    "gelu_tanh") or, with activation "relu2", up then relu(x)**2 (Nemotron-H). `inner_size`,
+    where known, lets a backend fuse the layer (exactdraft.models.layer.fused_layer)."""
 
     gate_up: Any
     down: Any
     activation: str = "silu"
+    gate_up_bias: Any = None
+    down_bias: Any = None
+    inner_size: int = 0
 
     def run(self, be: Backend, x: Any, ctx: PassContext | None = None) -> Any:
-        return self.finish(be, be.linear(x, self.gate_up))
+        return self.finish(be, be.linear(x, self.gate_up, self.gate_up_bias))
 
     def finish(self, be: Backend, inner: Any) -> Any:
-        """The MLP from its inner rows (x gate_up^T, contiguous) on."""
+        """The MLP from its inner rows (x gate_up^T (+ bias), contiguous) on."""
         if self.activation == "silu":
             inner = be.silu_mul(inner)
+        elif self.activation == "gelu_tanh":
+            inner = be.gelu_mul(inner)
         else:
             positive = np.maximum(be.to_host(inner), F32(0.0))
             inner = be.vector(positive * positive)
-        return be.linear(inner, self.down)
+        return be.linear(inner, self.down, self.down_bias)
 
 
 def dense_weights(reader: TensorReader, prefix: str, hidden: int, inner: int,
@@ -202,7 +177,7 @@ def dense_mlp(be: Backend, reader: TensorReader, prefix: str, hidden: int, inner
     """A DenseMLP from `prefix` + names[i] + ".weight": gate, up, down (silu) or up, down
     (relu2)."""
     into, down = dense_weights(reader, prefix, hidden, inner, names)
-    return DenseMLP(be.matrix(into), be.matrix(down), activation)
+    return DenseMLP(be.matrix(into), be.matrix(down), activation, inner_size=inner)
 
 
 def permuted_rows(weight: Any, heads: int, order: np.ndarray) -> np.ndarray:

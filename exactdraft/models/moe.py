@@ -16,18 +16,10 @@ experts or how many rows share the pass.
   depend on how many rows go with it. The host adds each row's expert outputs times their
   weights in increasing expert index, starting from zero; the shared expert (times sigmoid of
   its gate where the family has one) is added last.
-
-GGUF files (llama.cpp's names) reach the mixture-of-experts and hybrid families through
-GGUFRenamed: every tensor of the file maps to names the family's build reads, or the file is
-refused naming the tensor; a stacked expert tensor [E, rows, K] becomes one matrix per expert,
-sliced from the file's blocks without decoding the other experts.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +28,10 @@ import numpy as np
 from exactdraft import float64_math
 from exactdraft.backends.base import Backend
 from exactdraft.errors import WeightError
-from exactdraft.formats import QuantizedTensor, stack_rows
-from exactdraft.models.decoder import tensor_shape
-from exactdraft.models.mixers import DenseMLP, PassContext, TensorReader
+from exactdraft.formats import stack_rows
+from exactdraft.models.mixers import DenseMLP, PassContext
 from exactdraft.models.recurrent import F32, sigmoid32, tree_sum
+from exactdraft.models.tensors import TensorReader
 
 
 @dataclass(frozen=True)
@@ -163,89 +155,3 @@ def load_experts(be: Backend, reader: TensorReader, prefix: str, count: int, hid
         experts.append(DenseMLP(be.matrix(stack_rows(parts) if gated else parts[0]),
                                 be.matrix(reader.get(down, (hidden, inner))), activation))
     return experts
-
-
-# -- GGUF files ---------------------------------------------------------------------------------
-
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Part:
-    """Where one kind of GGUF layer tensor (the name after `blk.N.`: `attn_q.weight`, ...)
-    goes: `name` under the layer's prefix ("{e}" in it makes one matrix per expert of a
-    stacked [E, rows, K] tensor), `shape` the shape the family reads where it differs from the
-    file's (a function of that), and `convert` the change of values, if any, from the file's
-    layout to the family's."""
-
-    name: str
-    shape: Callable[[Shape], Shape] | None = None
-    convert: Callable[[Any], Any] | None = None
-
-
-class GGUFRenamed(Mapping):
-    """A GGUF file's tensors under a family's names, read on access (see the module docstring).
-
-    `names` maps whole GGUF names (token_embd.weight, ...) to the family's; `parts` maps the
-    part after `blk.N.` to a Part, placed under `prefix(N)`."""
-
-    def __init__(self, tensors: Mapping[str, Any], source: str, names: Mapping[str, str],
-                 parts: Mapping[str, Part], prefix: Callable[[int], str]) -> None:
-        self.tensors = tensors
-        self.entries: dict[str, tuple[Shape, Callable[[], Any]]] = {}
-        self._stacks: dict[str, np.ndarray] = {}  # the last dense stacks decoded
-        for gguf_name in tensors:
-            shape = tensor_shape(tensors, gguf_name)
-            if gguf_name in names:
-                self.entries[names[gguf_name]] = (shape, functools.partial(
-                    tensors.__getitem__, gguf_name))
-                continue
-            match = _LAYER_TENSOR.fullmatch(gguf_name)
-            part = None if match is None else parts.get(match.group(2))
-            if part is None:
-                raise WeightError(f"{source}: unexpected GGUF tensor {gguf_name!r}: not part of "
-                                  "a model of this family")
-            name = prefix(int(match.group(1))) + part.name
-            if "{e}" in part.name:
-                for e in range(shape[0]):
-                    self.entries[name.format(e=e)] = (shape[1:], functools.partial(
-                        self.expert, gguf_name, e))
-            else:
-                self.entries[name] = (part.shape(shape) if part.shape else shape,
-                                      functools.partial(self._read, gguf_name, part))
-
-    def _read(self, gguf_name: str, part: Part) -> Any:
-        value = self.tensors[gguf_name]
-        if part.shape is not None:
-            shape = part.shape(tensor_shape(self.tensors, gguf_name))
-            value = np.asarray(value, dtype=F32).reshape(shape)
-        return value if part.convert is None else part.convert(value)
-
-    def expert(self, gguf_name: str, expert: int) -> Any:
-        """Expert `expert`'s [rows, K] of a stack [E, rows, K]: its blocks as the file stores
-        them where tensors are kept quantized, else float32, decoding only its rows."""
-        file = getattr(self.tensors, "file", None)
-        info = None if file is None else file.tensors[gguf_name]
-        if info is None or not info.format.quantized:
-            if gguf_name not in self._stacks:  # a layer's gate, up and down: decoded once each
-                if len(self._stacks) == 3:
-                    self._stacks.pop(next(iter(self._stacks)))
-                self._stacks[gguf_name] = np.asarray(self.tensors[gguf_name], dtype=F32)
-            return self._stacks[gguf_name][expert]
-        _, rows, depth = info.shape
-        blocks = file.raw(gguf_name)[expert * rows:(expert + 1) * rows]
-        matrix = QuantizedTensor(info.format.name, blocks, (rows, depth))
-        return matrix if self.tensors.keep_quantized else matrix.dequantize()
-
-    def __getitem__(self, name: str) -> Any:
-        return self.entries[name][1]()
-
-    def shape(self, name: str) -> Shape:
-        return self.entries[name][0]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)

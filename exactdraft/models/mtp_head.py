@@ -26,10 +26,10 @@ import numpy as np
 
 from exactdraft.backends.base import Backend
 from exactdraft.models.cache import KVCache
-from exactdraft.models.decoder import embedding_rows
-from exactdraft.models.hybrid import Block, checked_tokens, run_blocks
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import PassContext, SequencePass
-from exactdraft.models.recurrent import HybridState
+from exactdraft.models.rows import checked_tokens, embedding_rows
+from exactdraft.models.state import SequenceState
 
 
 @dataclass
@@ -39,7 +39,7 @@ class MTPHead:
     embedding_norm: Any
     hidden_norm: Any
     final_norm: Any
-    layers: list[list[Block]]  # per MTP layer: its attention block, then its MLP block
+    layers: list[Layer]  # attention and an MLP or mixture of experts each
     embedding: Any  # the target's host table [V, H]
     lm_head: Any  # the target's matrix [V, H]
     eps: float
@@ -48,15 +48,15 @@ class MTPHead:
     head_dim: int
     max_context: int
 
-    def new_state(self) -> HybridState:
+    def new_state(self) -> SequenceState:
         cache = KVCache(self.backend, len(self.layers), self.num_kv_heads, self.head_dim,
                         self.max_context)
-        return HybridState(cache, [], 1)
+        return SequenceState(cache, [], 1)
 
-    def truncate(self, state: HybridState, length: int) -> None:
+    def truncate(self, state: SequenceState, length: int) -> None:
         state.restore(min(length, state.length))
 
-    def forward(self, state: HybridState, tokens: Sequence[int], hidden: np.ndarray,
+    def forward(self, state: SequenceState, tokens: Sequence[int], hidden: np.ndarray,
                 step: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Rows for positions state.length..: tokens[i] is the token after the position whose
         hidden row is hidden[i]. Returns the logits [R, V] and the head's own final hidden rows
@@ -72,8 +72,7 @@ class MTPHead:
         joined = np.concatenate([be.to_host(embedded), be.to_host(carried)], axis=1)
         x = be.linear(be.vector(joined), self.fc)
         part = SequencePass(state, start, ids.size, keep_from=ids.size)
-        x = run_blocks(be, self.layers[step % len(self.layers)], x, PassContext(be, [part]),
-                       self.eps)
+        x = self.layers[step % len(self.layers)].run(be, x, PassContext(be, [part]), self.eps)
         state.commit(start, ids.tolist(), ids.size, [])
         normed = be.rms_norm(x, self.final_norm, self.eps)
         return be.to_host(be.linear(normed, self.lm_head)), np.array(be.to_host(normed))

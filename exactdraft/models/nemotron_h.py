@@ -1,7 +1,7 @@
 """The Mamba-2 hybrid family nemotron_h (Nemotron-H, Nemotron 3): config mapping, tensor names
-and the model (a HybridModel with one mixer per layer).
+and the model (a DecoderModel whose every layer is a token mixer or a feed-forward).
 
-Invariant: a checkpoint reaches HybridModel with the values it stores (under `backbone.` as
+Invariant: a checkpoint reaches DecoderModel with the values it stores (under `backbone.` as
 NVIDIA ships them, or `model.` as transformers writes them) and the family's choices made
 explicit: each layer is h = h + mixer(rms_norm(h)) with the mixer named by `layers_block_type`
 (or the `hybrid_override_pattern` letters M, *, -, E): Mamba-2 (mamba2.py), attention without
@@ -30,26 +30,22 @@ import numpy as np
 from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader
-from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
-from exactdraft.models.llama import gguf_special_tokens, rope_row_order, take_rows
-from exactdraft.models.mamba2 import Mamba2
-from exactdraft.models.mixers import (
-    TensorReader,
-    dense_mlp,
-    dense_weights,
-    load_attention,
-    norm_vector,
-)
-from exactdraft.models.moe import (
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
+from exactdraft.models.gguf_names import (
     GGUFRenamed,
-    MoEBlock,
     Part,
-    RouterSettings,
-    load_experts,
-    make_moe_block,
+    gguf_head_dim,
+    gguf_reader,
+    gguf_special_tokens,
+    rope_row_order,
+    take_rows,
 )
-from exactdraft.models.qwen3_moe import gguf_head_dim, gguf_reader
+from exactdraft.models.layer import Layer
+from exactdraft.models.mamba2 import Mamba2
+from exactdraft.models.mixers import dense_mlp, dense_weights, load_attention, norm_vector
+from exactdraft.models.moe import MoEBlock, RouterSettings, load_experts, make_moe_block
 from exactdraft.models.registry import Family
+from exactdraft.models.tensors import TensorReader
 
 PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mamba": "mamba",
@@ -288,44 +284,47 @@ def moe(be: Any, reader: TensorReader, prefix: str, c: NemotronHConfig) -> MoEBl
 
 
 def build(config: NemotronHConfig, tensors: Mapping[str, Any], backend: Any,
-          max_context: int | None = None) -> HybridModel:
+          max_context: int | None = None) -> DecoderModel:
     c, be = config, backend
     reader = TensorReader(tensors, c.source)
     root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
     hidden = c.hidden_size
-    blocks: list[Block] = []
+    layers: list[Layer] = []
     kv_slot = slot = 0
     for i, kind in enumerate(c.layer_kinds):
         prefix = f"{root}layers.{i}.mixer."
         if kind == "mamba":
-            mixer: Any = mamba(be, reader, prefix, c, slot)
+            part: Any = mamba(be, reader, prefix, c, slot)
             slot += 1
         elif kind == "attention":
-            mixer = load_attention(be, reader, prefix, hidden=hidden, heads=c.num_heads,
-                                   kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                                   kv_slot=kv_slot, eps=c.eps, rope=None)
+            part = load_attention(be, reader, prefix, hidden=hidden, heads=c.num_heads,
+                                  kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                  kv_slot=kv_slot, eps=c.eps, rope=None)
             kv_slot += 1
         elif kind == "mlp":
-            mixer = dense_mlp(be, reader, prefix, hidden, c.intermediate_size, RELU2, "relu2")
+            part = dense_mlp(be, reader, prefix, hidden, c.intermediate_size, RELU2, "relu2")
         else:
-            mixer = moe(be, reader, prefix, c)
-        blocks.append(Block(norm_vector(be, reader, f"{root}layers.{i}.norm.weight", hidden),
-                            mixer))
+            part = moe(be, reader, prefix, c)
+        norm = norm_vector(be, reader, f"{root}layers.{i}.norm.weight", hidden)
+        # A layer is one residual block: a token mixer or a feed-forward (checkpoints call
+        # either one `mixer`).
+        layers.append(Layer(norm, part) if kind in ("mamba", "attention") else
+                      Layer(feed_forward_norm=norm, feed_forward=part))
     embedding = reader.array(root + "embeddings.weight", (c.vocab_size, hidden))
     head = root + "embeddings.weight" if c.tie_word_embeddings else "lm_head.weight"
     output = reader.get(head, (c.vocab_size, hidden))
     trunk = Trunk(
         model_type="nemotron_h", source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
-        eps=c.eps, embedding=embedding,
+        eps=c.eps, hidden_size=hidden, embedding=embedding,
         final_norm=norm_vector(be, reader, root + "norm_f.weight", hidden),
-        lm_head=be.matrix(output), blocks=blocks,
+        lm_head=be.matrix(output), layers=layers,
         kv_layers=kv_slot, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-        digest=reader.digest, output=output,
+        digest=reader.digest, output_table=lambda: output, config=c,
         # Its attention layers have no rotary embedding; a head's own takes the usual base.
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                              c.intermediate_size or c.expert_size, c.eps, 10000.0))
-    return HybridModel(trunk, be, max_context)
+    return DecoderModel(trunk, be, max_context)
 
 
 FAMILY = Family(

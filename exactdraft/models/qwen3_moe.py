@@ -1,7 +1,7 @@
 """The mixture-of-experts attention families qwen3_moe and mixtral: config mapping, tensor names
-and the model (a HybridModel of attention and MoE blocks).
+and the model (a DecoderModel of attention and MoE or dense MLP layers).
 
-Invariant: a checkpoint reaches HybridModel with the values it stores under Hugging Face's names
+Invariant: a checkpoint reaches DecoderModel with the values it stores under Hugging Face's names
 (experts one by one, `mlp.experts.{e}.gate_proj` / `block_sparse_moe.experts.{e}.w1` and so on,
 or fused `experts.gate_up_proj` [E, 2I, H]), and with each family's routing made explicit:
 qwen3_moe takes the top-k of the softmax over all experts, renormalised only when
@@ -22,31 +22,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exactdraft.errors import ConfigError
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import (
     ConfigReader,
     RopeScaling,
     rope_scaling_from_hf,
     rope_theta_from_hf,
+    sliding_windows_from_hf,
 )
-from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
-from exactdraft.models.llama import (
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
+from exactdraft.models.gguf_names import (
+    GGUF_ATTENTION,
+    GGUF_MLP,
+    GGUFRenamed,
+    Part,
+    gguf_head_dim,
+    gguf_reader,
     gguf_rope_scaling,
     gguf_special_tokens,
     rope_row_order,
-    sliding_windows_from_hf,
     take_rows,
 )
-from exactdraft.models.mixers import TensorReader, dense_mlp, load_attention, norm_vector
-from exactdraft.models.moe import (
-    GGUFRenamed,
-    Part,
-    RouterSettings,
-    load_experts,
-    make_moe_block,
-)
+from exactdraft.models.layer import Layer
+from exactdraft.models.mixers import dense_mlp, load_attention, norm_vector
+from exactdraft.models.moe import RouterSettings, load_experts, make_moe_block
 from exactdraft.models.registry import Family
+from exactdraft.models.tensors import TensorReader
 
 
 @dataclass(frozen=True)
@@ -117,27 +118,6 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> MoEConfig:
         expert_size=expert_size, dense_size=dense_size, sparse_layers=sparse)
 
 
-def gguf_reader(fields: Mapping[str, Any], tensors: Mapping[str, Any], source: str,
-                arch: str) -> ConfigReader:
-    """A reader of `{arch}.*` metadata, once the file is known to have token embeddings and
-    scalar (not per-layer) sizes."""
-    reader = ConfigReader(fields, source, prefix=f"{arch}.")
-    for key in ("embedding_length", "attention.head_count", "block_count"):
-        if isinstance(reader.value(key), list):
-            raise reader.fail(key, "is per layer, which is not supported")
-    if "token_embd.weight" not in tensors:
-        raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
-    return reader
-
-
-def gguf_head_dim(reader: ConfigReader, hidden: int, heads: int) -> int:
-    head_dim = reader.int("attention.key_length", hidden // heads)
-    if reader.int("attention.value_length", head_dim) != head_dim:
-        raise reader.fail("attention.value_length", f"differs from the key head size "
-                          f"{head_dim}; not supported")
-    return head_dim
-
-
 def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
                      source: str) -> MoEConfig:
     """llama.cpp's qwen3moe metadata, or a llama file with experts (Mixtral)."""
@@ -179,21 +159,6 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
 
 GGUF_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
               "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-# llama.cpp's layer tensors -> names under model.layers.{i}.
-GGUF_ATTENTION = {
-    "attn_norm.weight": Part("input_layernorm.weight"),
-    **{f"attn_{gguf}.{kind}": Part(f"self_attn.{hf}_proj.{kind}")
-       for gguf, hf in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
-       for kind in ("weight", "bias")},
-    "attn_q_norm.weight": Part("self_attn.q_norm.weight"),
-    "attn_k_norm.weight": Part("self_attn.k_norm.weight"),
-}
-GGUF_MLP = {
-    "ffn_gate_inp.weight": Part("mlp.gate.weight"),
-    **{f"ffn_{kind}.weight": Part(f"mlp.{kind}_proj.weight") for kind in ("gate", "up", "down")},
-    **{f"ffn_{kind}_exps.weight": Part(f"mlp.experts.{{e}}.{kind}_proj.weight")
-       for kind in ("gate", "up", "down")},
-}
 
 
 def gguf_tensors(config: MoEConfig, tensors: Mapping[str, Any], source: str) -> GGUFRenamed:
@@ -210,22 +175,21 @@ def gguf_tensors(config: MoEConfig, tensors: Mapping[str, Any], source: str) -> 
 
 
 def build(config: MoEConfig, tensors: Mapping[str, Any], backend: Any,
-          max_context: int | None = None) -> HybridModel:
+          max_context: int | None = None) -> DecoderModel:
     c, be = config, backend
     reader = TensorReader(tensors, c.source)
     hidden = c.hidden_size
     rope = RopeTable(rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
     settings = RouterSettings(c.num_experts, c.top_k, normalize=c.normalize_top_k)
     mixtral = c.model_type == "mixtral"
-    blocks = []
+    layers = []
     for i in range(c.num_layers):
         layer = f"model.layers.{i}."
         attention = load_attention(
             be, reader, layer + "self_attn.", hidden=hidden, heads=c.num_heads,
             kv_heads=c.num_kv_heads, head_dim=c.head_dim, kv_slot=i, eps=c.rms_norm_eps,
             rope=rope, qk_norm=c.qk_norm, bias=c.attention_bias, window=c.sliding_windows[i])
-        blocks.append(Block(norm_vector(be, reader, layer + "input_layernorm.weight", hidden),
-                            attention))
+        attention_norm = norm_vector(be, reader, layer + "input_layernorm.weight", hidden)
         if not c.sparse_layers[i]:
             mlp: Any = dense_mlp(be, reader, layer + "mlp.", hidden, c.dense_size)
         else:
@@ -237,22 +201,22 @@ def build(config: MoEConfig, tensors: Mapping[str, Any], backend: Any,
                 be, reader.get(moe + "gate.weight", (c.num_experts, hidden)), settings,
                 load_experts(be, reader, moe + "experts.", c.num_experts, hidden,
                              c.expert_size, names))
-        blocks.append(Block(norm_vector(be, reader, layer + "post_attention_layernorm.weight",
-                                        hidden), mlp))
+        layers.append(Layer(attention_norm, attention, norm_vector(
+            be, reader, layer + "post_attention_layernorm.weight", hidden), mlp))
     embedding = reader.array("model.embed_tokens.weight", (c.vocab_size, hidden))
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
     output = reader.get(head, (c.vocab_size, hidden))
     trunk = Trunk(
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
-        eps=c.rms_norm_eps, embedding=embedding,
+        eps=c.rms_norm_eps, hidden_size=hidden, embedding=embedding,
         final_norm=norm_vector(be, reader, "model.norm.weight", hidden),
-        lm_head=be.matrix(output), blocks=blocks,
+        lm_head=be.matrix(output), layers=layers,
         kv_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-        digest=reader.digest, output=output,
+        digest=reader.digest, output_table=lambda: output, config=c,
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                              c.dense_size or c.expert_size, c.rms_norm_eps, c.rope_theta))
-    return HybridModel(trunk, be, max_context)
+    return DecoderModel(trunk, be, max_context)
 
 
 FAMILY = Family(

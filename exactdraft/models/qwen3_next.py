@@ -1,8 +1,8 @@
 """The Gated DeltaNet hybrid families: qwen3_next, qwen3_5 and qwen3_5_moe (flat `*_text`
 configs, or nested under `text_config` with the vision part ignored): config mapping, tensor
-names and the model (a HybridModel), with the checkpoint's MTP layers as an MTPHead.
+names and the model (a DecoderModel), with the checkpoint's MTP layers as an MTPHead.
 
-Invariant: a checkpoint reaches HybridModel with the values it stores and the families' choices
+Invariant: a checkpoint reaches DecoderModel with the values it stores and the families' choices
 made explicit: RMS norm weights used as float32(1 + w) (except the linear attention's gated
 norm, used as w); full attention with q/k norms, rope on the first
 `partial_rotary_factor * head_dim` dimensions (mrope sections coincide for text) and an output
@@ -33,22 +33,30 @@ from exactdraft import float64_math
 from exactdraft.errors import ConfigError
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
+from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
 from exactdraft.models.gated_deltanet import GatedDeltaNet
-from exactdraft.models.hybrid import Block, HeadShape, HybridModel, Trunk
-from exactdraft.models.llama import gguf_special_tokens
+from exactdraft.models.gguf_names import (
+    GGUF_ATTENTION,
+    GGUF_MLP,
+    GGUFRenamed,
+    Part,
+    gguf_head_dim,
+    gguf_reader,
+    gguf_special_tokens,
+)
+from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import (
-    TensorReader,
     dense_mlp,
     dense_weights,
     load_attention,
     norm_vector,
     rotary_frequencies,
 )
-from exactdraft.models.moe import GGUFRenamed, Part, RouterSettings, load_experts, make_moe_block
+from exactdraft.models.moe import RouterSettings, load_experts, make_moe_block
 from exactdraft.models.mtp_head import MTPHead
-from exactdraft.models.qwen3_moe import GGUF_ATTENTION, GGUF_MLP, gguf_head_dim, gguf_reader
 from exactdraft.models.recurrent import F32
 from exactdraft.models.registry import Family
+from exactdraft.models.tensors import TensorReader
 
 NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 TEXT_PREFIXES = ("model.language_model.", "model.")  # nested checkpoints first
@@ -311,9 +319,9 @@ def mlp(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig, sparse:
                      ("gate_proj", "up_proj", "down_proj")), shared, gate)
 
 
-def layer_blocks(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig, *,
-                 linear: bool, sparse: bool, kv_slot: int, slot: int,
-                 rope: RopeTable) -> list[Block]:
+def decoder_layer(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig, *,
+                  linear: bool, sparse: bool, kv_slot: int, slot: int,
+                  rope: RopeTable) -> Layer:
     hidden, eps = c.hidden_size, c.rms_norm_eps
     if linear:
         mixer: Any = deltanet(be, reader, prefix + "linear_attn.", c, slot)
@@ -323,14 +331,14 @@ def layer_blocks(be: Any, reader: TensorReader, prefix: str, c: HybridQwenConfig
                                kv_slot=kv_slot, eps=eps, rope=rope, rotary_dim=c.rotary_dim,
                                qk_norm=True, norm_shift=c.norm_shift, gated=True)
     shift = c.norm_shift
-    return [Block(norm_vector(be, reader, prefix + "input_layernorm.weight", hidden, shift),
-                  mixer),
-            Block(norm_vector(be, reader, prefix + "post_attention_layernorm.weight", hidden,
-                              shift), mlp(be, reader, prefix + "mlp.", c, sparse))]
+    mixer_norm = norm_vector(be, reader, prefix + "input_layernorm.weight", hidden, shift)
+    return Layer(mixer_norm, mixer,
+                 norm_vector(be, reader, prefix + "post_attention_layernorm.weight", hidden,
+                             shift), mlp(be, reader, prefix + "mlp.", c, sparse))
 
 
 def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
-          max_context: int | None = None) -> HybridModel:
+          max_context: int | None = None) -> DecoderModel:
     c, be = config, backend
     reader = TensorReader(tensors, c.source)
     text = next((p for p in TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
@@ -338,12 +346,13 @@ def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
     hidden = c.hidden_size
     inv_freq = rope_frequencies(c.rotary_dim, c.rope_theta, None)
     rope = RopeTable(rotary_frequencies(c.head_dim, c.rotary_dim, inv_freq))
-    blocks: list[Block] = []
+    layers: list[Layer] = []
     kv_slot = slot = 0
     for i in range(c.num_layers):
         linear = c.linear_layers[i]
-        blocks += layer_blocks(be, reader, f"{text}layers.{i}.", c, linear=linear,
-                               sparse=c.sparse_layers[i], kv_slot=kv_slot, slot=slot, rope=rope)
+        layers.append(decoder_layer(be, reader, f"{text}layers.{i}.", c, linear=linear,
+                                    sparse=c.sparse_layers[i], kv_slot=kv_slot, slot=slot,
+                                    rope=rope))
         kv_slot, slot = kv_slot + (not linear), slot + linear
     embedding = reader.array(text + "embed_tokens.weight", (c.vocab_size, hidden))
     head = text + "embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
@@ -353,15 +362,15 @@ def build(config: HybridQwenConfig, tensors: Mapping[str, Any], backend: Any,
     trunk = Trunk(
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
-        eps=c.rms_norm_eps, embedding=embedding,
+        eps=c.rms_norm_eps, hidden_size=hidden, embedding=embedding,
         final_norm=norm_vector(be, reader, text + "norm.weight", hidden, c.norm_shift),
-        lm_head=lm_head, blocks=blocks, kv_layers=kv_slot, num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim, digest=reader.digest, output=output,
+        lm_head=lm_head, layers=layers, kv_layers=kv_slot, num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim, digest=reader.digest, output_table=lambda: output, config=c,
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                              c.intermediate_size or c.expert_size, c.rms_norm_eps,
                              c.rope_theta),
         mtp=mtp_head(be, TensorReader(tensors, c.source), c, embedding, lm_head, rope, limit))
-    return HybridModel(trunk, be, max_context)
+    return DecoderModel(trunk, be, max_context)
 
 
 def mtp_head(be: Any, reader: TensorReader, c: HybridQwenConfig, embedding: np.ndarray,
@@ -373,8 +382,8 @@ def mtp_head(be: Any, reader: TensorReader, c: HybridQwenConfig, embedding: np.n
     while not count and reader.has(f"mtp.layers.{count}.input_layernorm.weight"):
         count += 1
     hidden, shift = c.hidden_size, c.norm_shift
-    layers = [layer_blocks(be, reader, f"mtp.layers.{j}.", c, linear=False,
-                           sparse=c.num_experts > 0, kv_slot=j, slot=0, rope=rope)
+    layers = [decoder_layer(be, reader, f"mtp.layers.{j}.", c, linear=False,
+                            sparse=c.num_experts > 0, kv_slot=j, slot=0, rope=rope)
               for j in range(count)]
     return MTPHead(
         backend=be, fc=be.matrix(reader.get("mtp.fc.weight", (hidden, 2 * hidden))),

@@ -19,8 +19,9 @@ The host arithmetic behind that:
 - the recurrences run token by token in the serial order, in the same code for every pass
   size, and no layer ever changes a state array in place: each step makes new arrays.
 
-Rollback: HybridState keeps, for the latest `rollback_window` positions, the recurrent state
-after each position (references to those never-mutated arrays, so keeping them costs no copy).
+Rollback: a sequence's state (state.py) keeps, for the latest `rollback_window` positions, the
+recurrent state after each position (references to those never-mutated arrays, so keeping them
+costs no copy).
 truncate(L) restores the snapshot at L when it is held (every length inside the last verify
 pass is); for an older L it replays the kept tokens from the empty state, which by the
 chunked-prefill invariant gives the same bits (the cost of a prefill). Attention layers' KV
@@ -29,13 +30,9 @@ caches truncate by length as everywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
 from exactdraft import float64_math
-from exactdraft.models.cache import KVCache
 
 F32 = np.float32
 
@@ -94,83 +91,3 @@ def causal_conv(previous: np.ndarray, rows: np.ndarray, weight: np.ndarray,
     if bias is not None:
         out = out + bias
     return out, window
-
-
-class HybridState:
-    """One sequence: its tokens, the KV caches of the attention layers, each recurrent layer's
-    current state, the snapshots that roll them back, and (for an MTP drafter) the final hidden
-    rows of positions not yet taken."""
-
-    def __init__(self, cache: KVCache, empty: Sequence[Any], rollback_window: int) -> None:
-        self.cache = cache
-        self.empty = tuple(empty)
-        self.rollback_window = rollback_window
-        self.tokens: list[int] = []
-        self.recurrent: list[Any] = list(self.empty)
-        self.snapshots: dict[int, tuple[Any, ...]] = {0: self.empty}
-        self.hidden_start = 0  # position of the first row in `hidden`
-        self.hidden: list[np.ndarray] = []  # blocks of final hidden rows, in position order
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def reset(self) -> None:
-        """Back to the empty sequence."""
-        self.tokens = []
-        self.cache.truncate(0)
-        self.recurrent = list(self.empty)
-        self.snapshots = {0: self.empty}
-        self.hidden_start, self.hidden = 0, []
-
-    def commit(self, start: int, tokens: Sequence[int], keep_from: int,
-               row_states: Sequence[Sequence[Any]]) -> None:
-        """Record a pass of len(tokens) rows at `start`: row_states[slot][r - keep_from] is
-        slot's state after row r, for the rows r >= keep_from."""
-        self.tokens.extend(int(t) for t in tokens)
-        self.cache.length = self.length
-        if not self.empty:
-            return
-        for row in range(keep_from, len(tokens)):
-            self.snapshots[start + row + 1] = tuple(states[row - keep_from]
-                                                    for states in row_states)
-        oldest = self.length - self.rollback_window
-        for position in [p for p in self.snapshots if 0 < p < oldest]:
-            del self.snapshots[position]
-
-    def restore(self, length: int) -> bool:
-        """Cut to `length` from a held snapshot; False if none is held (the caller replays)."""
-        if self.empty and length not in self.snapshots:
-            return False
-        del self.tokens[length:]
-        self.cache.truncate(length)
-        if self.empty:
-            self.recurrent = list(self.snapshots[length])
-            for position in [p for p in self.snapshots if p > length]:
-                del self.snapshots[position]
-        self.trim_hidden(length)
-        return True
-
-    def log_hidden(self, start: int, rows: np.ndarray) -> None:
-        if not self.hidden:
-            self.hidden_start = start
-        self.hidden.append(np.array(rows, dtype=F32))
-
-    def trim_hidden(self, length: int) -> None:
-        kept, position = [], self.hidden_start
-        for block in self.hidden:
-            if position >= length:
-                break
-            kept.append(block[:length - position])
-            position += block.shape[0]
-        self.hidden = kept
-
-    def take_hidden(self, begin: int, end: int) -> np.ndarray | None:
-        """The final hidden rows of positions [begin, end), or None if they are not all held;
-        rows before `begin` are let go."""
-        if not self.hidden or begin < self.hidden_start:
-            return None
-        rows = np.concatenate(self.hidden) if len(self.hidden) > 1 else self.hidden[0]
-        rows = rows[begin - self.hidden_start:]
-        self.hidden_start, self.hidden = begin, [rows]
-        return rows[:end - begin] if rows.shape[0] >= end - begin else None

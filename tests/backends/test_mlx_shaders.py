@@ -163,7 +163,7 @@ def test_mlx_quantized_checkpoint_through_the_shader(tmp_path, tiny_checkpoints,
     out = str(tmp_path / "quantized")
     mlx_lm.convert(tiny_checkpoints["qwen3"], out, quantize=True, q_group_size=32, q_bits=4)
     target = build_target(load_checkpoint(out), MLXBackend(shaders=shaders))
-    assert isinstance(target.layers[0].qkv, QuantizedLinear)
+    assert isinstance(target.layers[0].mixer.qkv, QuantizedLinear)
     tokens = probe_tokens(40, target.vocab_size, salt=2)
     ours = target.forward(target.new_state(), tokens, rows="all")
     model, _ = mlx_lm.load(out)

@@ -99,7 +99,7 @@ def test_negative_control_inexact_backend_differs(inexact_targets):
     assert sum(a != b for a, b in zip(window, steps)) >= 1
 
 
-# -- the hybrid and mixture-of-experts families (HybridModel) -------------------------------
+# -- the hybrid and mixture-of-experts families ---------------------------------------------
 
 HYBRID_VARIANTS = ["qwen3_moe", "mixtral", "qwen3_next", "qwen3_5", "nemotron_h"]
 

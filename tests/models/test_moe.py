@@ -79,12 +79,13 @@ def rows_alone_and_shared(target) -> tuple[bytes, bytes]:
 @pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_5_moe", "nemotron_h"])
 def test_a_rows_bits_do_not_depend_on_who_shares_its_experts(variant, hybrid_targets):
     target = hybrid_targets(variant)
-    block = next(b.mixer for b in target.blocks if type(b.mixer).__name__ == "MoEBlock")
+    block = next(layer.feed_forward for layer in target.layers
+                 if type(layer.feed_forward).__name__ == "MoEBlock")
     mine, others = sharing_passes(target)
     # The premise: other rows of the pass do choose this sequence's experts.
     chosen = []
     for tokens in (mine, *others):
-        x = target.backend.vector(target.trunk.embedding[tokens])
+        x = target.backend.vector(target.embedding[tokens])
         logits = target.backend.to_host(target.backend.linear(x, block.entry))
         logits = logits[:, :block.settings.num_experts]
         chosen.append(set(route(block.settings, logits, block.correction_bias)[0].ravel()))

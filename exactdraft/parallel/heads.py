@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from exactdraft.formats import stack_rows
-from exactdraft.models.cache import KVCache
-from exactdraft.models.decoder import DecoderLayer, DecoderModel, DecoderState
+from exactdraft.models.decoder import DecoderModel, Trunk, check_max_context
+from exactdraft.models.state import SequenceState
+from exactdraft.models.transformer import transformer_trunk
 from exactdraft.parallel.sharding import weight_rows
 
 
@@ -78,50 +79,55 @@ class GatheredInput:
         self.shape = shard.shape
 
 
+def head_split_trunk(config: Any, tensors: Mapping[str, Any], backend: Any, names: Any,
+                     heads: HeadRange) -> Trunk:
+    """The family's transformer trunk (models/transformer.py) on a GatheringBackend, each
+    attention mixer keeping this rank's heads: its q, k and v rows computed locally, its output
+    projection gathering the heads' attended rows first, and a KV cache of its KV heads."""
+    trunk = transformer_trunk(config, tensors, backend, names)
+    be, h = backend, heads
+    (q0, q1), (k0, k1) = h.q_rows(), h.kv_rows()
+    widths = [h.heads * h.head_dim] * h.world_size
+    layers = []
+    for index, layer in enumerate(trunk.layers):
+        attention = layer.mixer
+        be.forget(attention.qkv)  # replaced by this rank's heads below
+        ranges = ((names.q, q0, q1), (names.k, k0, k1), (names.v, k0, k1))
+        qkv = stack_rows([weight_rows(tensors[template.format(i=index) + ".weight"], a, b)
+                          for template, a, b in ranges])
+        bias = attention.qkv_bias
+        if bias is not None:
+            bias = be.vector(np.concatenate([
+                np.asarray(tensors[template.format(i=index) + ".bias"], np.float32)[a:b]
+                for template, a, b in ranges]))
+        mixer = dataclasses.replace(attention, qkv=be.local_matrix(qkv), qkv_bias=bias,
+                                    output=GatheredInput(attention.output, widths),
+                                    num_heads=h.heads, num_kv_heads=h.kv_heads)
+        layers.append(dataclasses.replace(layer, mixer=mixer))
+    return dataclasses.replace(trunk, layers=layers, num_kv_heads=h.kv_heads)
+
+
 class HeadSplitDecoderModel(DecoderModel):
     """DecoderModel on a GatheringBackend with attention split by heads (module docstring)."""
 
     def __init__(self, config: Any, tensors: Mapping[str, Any], backend: Any,
                  max_context: int | None, names: Any, heads: HeadRange) -> None:
+        check_max_context(max_context)
         self.head_range = heads
-        super().__init__(config, tensors, backend, max_context, names)
-        self.shapes = [dataclasses.replace(shape, num_heads=heads.heads,
-                                           num_kv_heads=heads.kv_heads)
-                       for shape in self.shapes]
-
-    def _layer(self, tensors: Mapping[str, Any], index: int) -> DecoderLayer:
-        layer = super()._layer(tensors, index)
-        be, n, h = self.backend, self.names, self.head_range
-        self.backend.forget(layer.qkv)  # replaced by this rank's heads below
-        (q0, q1), (k0, k1) = h.q_rows(), h.kv_rows()
-        ranges = ((n.q, q0, q1), (n.k, k0, k1), (n.v, k0, k1))
-        qkv = stack_rows([weight_rows(tensors[template.format(i=index) + ".weight"], a, b)
-                          for template, a, b in ranges])
-        bias = layer.qkv_bias
-        if bias is not None:
-            bias = be.vector(np.concatenate([
-                np.asarray(tensors[template.format(i=index) + ".bias"], np.float32)[a:b]
-                for template, a, b in ranges]))
-        widths = [h.heads * h.head_dim] * h.world_size
-        return dataclasses.replace(layer, qkv=be.local_matrix(qkv), qkv_bias=bias,
-                                   output=GatheredInput(layer.output, widths))
-
-    def new_state(self) -> DecoderState:
-        c = self.config
-        return DecoderState(KVCache(self.backend, c.num_layers, self.head_range.kv_heads,
-                                    c.head_dim, self.max_context))
+        super().__init__(head_split_trunk(config, tensors, backend, names, heads), backend,
+                         max_context)
 
     # Exporting is a collective: every rank runs it (TensorParallelTarget publishes it).
     collective_export = True
 
-    def export_kv(self, state: DecoderState, start: int, end: int
+    def export_kv(self, state: SequenceState, start: int, end: int
                   ) -> tuple[np.ndarray, np.ndarray]:
         """Every head's keys and values of positions [start, end), gathered from the ranks."""
         keys, values = state.cache.export_rows(start, end)
         group = self.backend.group
         return group.all_gather_heads(keys), group.all_gather_heads(values)
 
-    def import_kv(self, state: DecoderState, keys: np.ndarray, values: np.ndarray) -> None:
+    def import_kv(self, state: SequenceState, keys: np.ndarray, values: np.ndarray) -> None:
         """Append exported positions (every head) to the state: this rank keeps its heads."""
         k0, k1 = self.head_range.rank * self.head_range.kv_heads, \
             (self.head_range.rank + 1) * self.head_range.kv_heads

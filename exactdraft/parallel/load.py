@@ -77,7 +77,6 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
     None. A script run under torchrun thus reads like a one-process script."""
     from exactdraft.kernels import cpu
     from exactdraft.models.decoder import DecoderModel
-    from exactdraft.models.hybrid import HybridModel
     from exactdraft.parallel.backend import GatheringBackend
     from exactdraft.parallel.fingerprint import run_fingerprint
     from exactdraft.parallel.group import ParallelGroup
@@ -92,8 +91,8 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = build_split_model(checkpoint, wrapped, max_context)
-        if not (type(model) in (DecoderModel, HeadSplitDecoderModel) or
-                (type(model) is HybridModel and not model.recurrent and model.mtp is None)):
+        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.recurrent or \
+                model.mtp is not None:
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:

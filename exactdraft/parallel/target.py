@@ -74,10 +74,7 @@ class TensorParallelTarget:
 
     def _checked(self, tokens: Sequence[int], start: int) -> list[int]:
         """Token ids as the model checks them (ParameterError naming a bad one)."""
-        check = getattr(self.model, "check_tokens", None)
-        if check is not None:
-            return check(tokens, start).tolist()
-        from exactdraft.models.hybrid import checked_tokens
+        from exactdraft.models.rows import checked_tokens
 
         return checked_tokens(tokens, start, self.vocab_size, self.max_context).tolist()
 

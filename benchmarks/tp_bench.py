@@ -45,8 +45,10 @@ def anonymous_resident_bytes() -> int:
 
 def packed_bytes(target) -> int:
     """Packed weight-matrix bytes a (TP=1) model holds."""
-    matrices = [target.lm_head] + [getattr(layer, name) for layer in target.layers
-                                   for name in ("qkv", "output", "gate_up", "down")]
+    matrices = [target.lm_head] + [getattr(layer.mixer, name) for layer in target.layers
+                                   for name in ("qkv", "output")] + \
+        [getattr(layer.feed_forward, name) for layer in target.layers
+         for name in ("gate_up", "down")]
     return sum(int(part.data.nbytes) if hasattr(part.data, "nbytes")
                else part.data.numel() * part.data.element_size()
                for matrix in matrices for part in matrix.packed)

@@ -111,11 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--json-schema", metavar="SCHEMA",
                        help="constrain the reply to a JSON schema: the schema's JSON text or a "
                             "file holding it (default: none)")
-    shape.add_argument("--regex", help="constrain the reply to a regular expression")
+    shape.add_argument("--regex", help="constrain the reply to a regular expression "
+                       "(default: none)")
     shape.add_argument("--grammar", metavar="PATH",
-                       help="constrain the reply to a Lark grammar read from PATH")
+                       help="constrain the reply to a Lark grammar read from PATH "
+                            "(default: none)")
     shape.add_argument("--choices", metavar="A,B,...",
-                       help="constrain the reply to one of these comma-separated texts")
+                       help="constrain the reply to one of these comma-separated texts "
+                            "(default: none)")
     generate.add_argument("--json", action="store_true",
                           help="print one JSON object instead of streaming text: tokens, "
                                "text, finish reason, stats and receipt (default: off)")

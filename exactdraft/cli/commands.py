@@ -47,7 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.tensor_parallel > 1 and "RANK" not in os.environ:
         # Every rank runs this same command; rank 0 serves, the others follow its passes.
-        from exactdraft.parallel import run_command_ranks
+        from exactdraft.cli.ranks import run_command_ranks
 
         return run_command_ranks(args.argv, args.tensor_parallel)
 

@@ -17,18 +17,11 @@ from typing import Any
 
 from exactdraft.parallel.settings import ParallelSettings, TensorParallelError
 
-__all__ = ["ParallelSettings", "TensorParallelError", "launch", "run_command_ranks"]
+__all__ = ["ParallelSettings", "TensorParallelError", "launch"]
 
 
 def launch(*args: Any, **kwargs: Any) -> list[int | None]:
     """exactdraft.parallel.ranks.launch: run a function in N local ranks."""
     from exactdraft.parallel.ranks import launch as run
-
-    return run(*args, **kwargs)
-
-
-def run_command_ranks(*args: Any, **kwargs: Any) -> int:
-    """exactdraft.parallel.ranks.run_command_ranks: the exactdraft command in N local ranks."""
-    from exactdraft.parallel.ranks import run_command_ranks as run
 
     return run(*args, **kwargs)

@@ -90,23 +90,3 @@ def launch(function: Callable[..., Any], world_size: int, args: Sequence[Any] = 
                 process.kill()
                 process.join()
     return codes
-
-
-def _command_rank(argv: Sequence[str]) -> None:
-    import sys
-
-    from exactdraft.cli import main
-
-    sys.exit(main(list(argv)))
-
-
-def run_command_ranks(argv: Sequence[str], world_size: int,
-                      timeout_s: float | None = None) -> int:
-    """Run the `exactdraft` command line `argv` in world_size ranks on this machine (as
-    `exactdraft serve --tensor-parallel N` does): every rank parses the same arguments, rank 0
-    drives and serves, the others follow. Returns 0 when every rank exited cleanly, else the
-    first nonzero exit status (1 for a rank ended by a signal or the timeout)."""
-    codes = launch(_command_rank, world_size, (list(argv),), timeout_s=timeout_s)
-    failed = [code for code in codes if code != 0]
-    return 0 if not failed else (failed[0] if isinstance(failed[0], int) and failed[0] > 0
-                                 else 1)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from exactdraft.parallel import launch, run_command_ranks
+from exactdraft.cli.ranks import run_command_ranks
+from exactdraft.parallel import launch
 
 
 def write_environment(folder: str) -> None:

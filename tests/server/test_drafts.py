@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import exactdraft as xd
-from exactdraft.server.service import token_digest
+from exactdraft.results import token_digest
 from tests.inexact import KNIFE_PROMPTS, InexactTorchBackend
 from tests.server.conftest import MODEL
 from tests.server.live import post, server_in_thread

@@ -59,9 +59,10 @@ def test_repeated_text_is_served_with_kept_drafts_and_the_serial_tokens(live, se
         assert receipt["drafting"] is True and receipt["drafted"] > 0, receipt
         assert 0 <= receipt["accepted"] <= receipt["drafted"]
         kept.append(receipt["accepted"])
-    # Every answer keeps drafts here; on another machine's arithmetic the tiny random model
-    # may answer the unbiased prompts otherwise, so those two count together.
-    assert kept[0] + kept[1] > 0 and kept[2] > 0, kept
+    # The biased answers repeat the prompt's text, so lookup's drafts are kept; whether the
+    # tiny random model repeats the unbiased prompts depends on the machine's arithmetic (it
+    # kept none on an AMX Xeon), so those answers are held to exactness only.
+    assert kept[2] > 0, kept
     assert kept[3] >= MAX_TOKENS // 5, kept  # "a" forty times: the lookup's drafts pay
 
 

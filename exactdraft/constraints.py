@@ -336,8 +336,9 @@ class ConstraintMatcher:
             mask.flags.writeable = False
             return mask
         words = np.frombuffer(self._ll.compute_bitmask(), dtype=np.uint8)
-        bits = np.unpackbits(words, bitorder="little")
-        mask[:self._usable] = bits[:self._usable].astype(bool)
+        # unpackbits writes 0/1 bytes: read as bool without a copy.
+        mask[:self._usable] = np.unpackbits(words, count=self._usable,
+                                            bitorder="little").view(np.bool_)
         if self._ll.is_error():  # the mask step ran out of its budget (ParserTooComplex)
             mask[:] = False
         if 0 <= self._ll_eos < self.vocab_size:

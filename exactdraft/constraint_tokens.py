@@ -206,8 +206,9 @@ def llguidance_module() -> Any:
     try:
         import llguidance
     except ImportError:
-        raise ConstraintError("constraints need llguidance: pip install "
-                              "'exactdraft[constraints]'") from None
+        raise ConstraintError("constraints need llguidance: pip install llguidance (or, in "
+                              "an exactdraft checkout, pip install -e \".[constraints]\")"
+                              ) from None
     return llguidance
 
 

@@ -27,7 +27,8 @@ def register_backend(name: str, factory: Callable[..., Backend]) -> None:
 def _needs(package: str, name: str) -> None:
     if importlib.util.find_spec(package) is None:
         raise BackendError(f"backend {name!r} needs the {package!r} package; install it with: "
-                           f"pip install 'exactdraft[{package}]'")
+                           f"pip install {package} (or, in an exactdraft checkout, pip "
+                           f"install -e \".[{package}]\")")
 
 
 def torch_backend(device: str | None = None, dtype: str | None = None) -> Backend:
@@ -89,7 +90,8 @@ def _auto_choice() -> tuple[str, str | None]:
     if importlib.util.find_spec("mlx") is not None:
         return "mlx", "cpu"
     raise BackendError(
-        "no array backend is installed; install one with: pip install 'exactdraft[torch]'"
+        "no array backend is installed; install one with: pip install torch (or, in an "
+        "exactdraft checkout, pip install -e \".[torch]\")"
     )
 
 

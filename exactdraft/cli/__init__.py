@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the model over HTTP: OpenAI "
                                 "/v1/chat/completions, /v1/completions, /v1/responses, "
                                 "/v1/models, Anthropic /v1/messages (and count_tokens), "
-                                "/health and /metrics (needs exactdraft[server])")
+                                "/health and /metrics (needs the server extra: "
+                                "pip install -e \".[server]\")")
     _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on "
                        "(default: 127.0.0.1)")

@@ -38,7 +38,8 @@ def validate_serve(args: argparse.Namespace) -> None:
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(f"serve needs {' and '.join(missing)}: pip install "
-                          "\"exactdraft[server]\"")
+                          f"{' '.join(missing)} (or, in an exactdraft checkout, pip install -e "
+                          "\".[server]\")")
 
 
 def run_serve(args: argparse.Namespace) -> int:

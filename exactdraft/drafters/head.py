@@ -212,7 +212,7 @@ class DraftHead:
             stacked["output"] = target.output_rows(self.draft_ids, stored=True)
             self.linear = BackendLinear(target.backend, stacked)
             self.logits = lambda row: self.linear("output", row)
-            if getattr(target.backend, "fused_layers", False):
+            if target.backend.fused_layers:
                 self.block = FusedBlock(target.backend, weights, self.linear,
                                         target.max_context)
         self._context: DraftContext | None = None

@@ -12,6 +12,7 @@ Nothing here computes; ranks exchange only what they already hold.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -128,7 +129,9 @@ class ParallelGroup:
                 f"tensor parallel rank {self.rank} could not join the {self.world_size} ranks "
                 f"at {host}:{port} within timeout_s={settings.timeout_s}: {error}") from error
         self.failed: TensorParallelError | None = None
-        run = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        # A name for this run's store keys (no draw from torch's global generator, which a
+        # caller's seeding would make repeat across runs).
+        run = torch.tensor([secrets.randbits(62)], dtype=torch.int64)
         self._collective(lambda: dist.broadcast(run, 0, group=self.group), "start")
         prefix = f"exactdraft-tp/{int(run)}/"
         self.where = f"{host}:{port}"

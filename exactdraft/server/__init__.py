@@ -1,5 +1,5 @@
-"""An OpenAI- and Anthropic-compatible HTTP server over the engine (`pip install
-"exactdraft[server]"`; `exactdraft serve`). Every response carries a receipt so a client can
+"""An OpenAI- and Anthropic-compatible HTTP server over the engine (`pip install -e
+".[server]"` in a checkout; `exactdraft serve`). Every response carries a receipt so a client can
 check drafted == serial itself, and two processes of the same model under the same arithmetic
 give the same bytes for the same request (only `id` and `created` differ). The endpoints are
 the rows of endpoints.ENDPOINTS, each handled in its API family's module; /metrics speaks

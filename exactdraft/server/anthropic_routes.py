@@ -13,23 +13,16 @@ from typing import Any
 import exactdraft.server.anthropic_api as anthropic_api
 from exactdraft.engine import Submission
 from exactdraft.server.context import Call
-from exactdraft.server.streaming import sse, stream_error, whole
+from exactdraft.server.streaming import respond, sse, stream_error
 
 
 async def messages(call: Call) -> Any:
-    from starlette.responses import JSONResponse, StreamingResponse
-
     service = call.service
     wanted = anthropic_api.messages_request(await call.body(), service)
     submission, ids = service.submit(wanted, "messages")
     reply = anthropic_api.Reply(service, wanted, ids)
-    if wanted.stream:
-        return StreamingResponse(_stream(call, reply, submission),
-                                 media_type="text/event-stream")
-    results = await whole(submission, call)
-    call.count_submission(submission, len(ids))
-    reply.cached_tokens = submission.cached_tokens[0]
-    return JSONResponse(reply.whole(results))
+    stream = _stream(call, reply, submission) if wanted.stream else None
+    return await respond(call, submission, len(ids), reply, stream, reply.whole)
 
 
 async def count_tokens(call: Call) -> Any:

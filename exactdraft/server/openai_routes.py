@@ -19,23 +19,16 @@ from exactdraft.engine import Submission
 from exactdraft.scoring import token_logprobs
 from exactdraft.server.completions_api import with_echo
 from exactdraft.server.context import Call
-from exactdraft.server.streaming import sse, stream_error, whole
+from exactdraft.server.streaming import respond, sse, stream_error, whole
 
 
 async def chat_completions(call: Call) -> Any:
-    from starlette.responses import JSONResponse, StreamingResponse
-
     service = call.service
     wanted = openai_api.chat_request(await call.body(), service)
     submission, ids = service.submit(wanted, "messages")
     reply = openai_api.Reply(service, True, wanted, ids)
-    if wanted.stream:
-        return StreamingResponse(_stream(call, reply, submission),
-                                 media_type="text/event-stream")
-    results = await whole(submission, call)
-    call.count_submission(submission, len(ids))
-    reply.cached_tokens = submission.cached_tokens[0]
-    return JSONResponse(reply.whole(results))
+    stream = _stream(call, reply, submission) if wanted.stream else None
+    return await respond(call, submission, len(ids), reply, stream, reply.whole)
 
 
 async def completions(call: Call) -> Any:

@@ -34,7 +34,7 @@ from exactdraft.server.fields import (
     typed,
 )
 from exactdraft.server.service import Service
-from exactdraft.server.streaming import sse, stream_error, whole
+from exactdraft.server.streaming import respond, sse, stream_error
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
@@ -43,20 +43,14 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 async def responses(call: Call) -> Any:
-    from starlette.responses import JSONResponse, StreamingResponse
-
     service = call.service
     body = await call.body()
     wanted = responses_request(body, service)
     submission, ids = service.submit(wanted, "input")
     reply = Reply(service, wanted, ids, body.get("instructions"))
-    if wanted.stream:
-        return StreamingResponse(_stream(call, reply, submission),
-                                 media_type="text/event-stream")
-    results = await whole(submission, call)
-    call.count_submission(submission, len(ids))
-    reply.cached_tokens = submission.cached_tokens[0]
-    return JSONResponse(reply.response(results[0]))
+    stream = _stream(call, reply, submission) if wanted.stream else None
+    return await respond(call, submission, len(ids), reply, stream,
+                         lambda results: reply.response(results[0]))
 
 
 def responses_request(body: Mapping[str, Any], service: Service) -> Wanted:

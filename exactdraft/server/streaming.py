@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from exactdraft.engine import Submission
@@ -44,3 +45,18 @@ def sse(payload: dict[str, Any], event: str | None = None) -> str:
 
 def stream_error(error: BaseException) -> dict[str, Any]:
     return {"type": "api_error", "message": f"{type(error).__name__}: {error}"}
+
+
+async def respond(call: Call, submission: Submission, prompt_tokens: int, reply: Any,
+                  stream: AsyncIterator[str] | None, body: Callable[[list[Any]], Any]) -> Any:
+    """How a generating route answers: the SSE `stream` when the request streams (not None),
+    else the JSON `body(results)` once every result is in, its usage counted and its cached
+    prompt tokens on the reply."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if stream is not None:
+        return StreamingResponse(stream, media_type="text/event-stream")
+    results = await whole(submission, call)
+    call.count_submission(submission, prompt_tokens)
+    reply.cached_tokens = submission.cached_tokens[0]
+    return JSONResponse(body(results))

@@ -15,6 +15,7 @@ from typing import Any
 
 from exactdraft.drafting import DrafterFaults
 from exactdraft.errors import ParameterError
+from exactdraft.models.target import backend_label
 from exactdraft.sampling import SamplingParams, TokenLogprob
 from exactdraft.stops import StopMatcher
 
@@ -148,11 +149,9 @@ def receipt(target: Any, result: GenerationResult) -> dict[str, Any]:
     it was drafted, and the model's backend, arithmetic and weights digest (the server's
     `receipt` field and the CLI's --json print this)."""
     stats = result.stats
-    backend = getattr(target, "backend", None)
     return {"token_ids_sha256": token_digest(result.tokens),
             "prompt_ids_sha256": token_digest(result.prompt_tokens),
             "completion_tokens": len(result.tokens), "seed": result.seed,
             "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
-            "backend": type(target).__name__ if backend is None else
-            f"{backend.name} {backend.device} {backend.dtype}",
+            "backend": backend_label(target),
             "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}

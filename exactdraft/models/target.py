@@ -89,6 +89,14 @@ def capabilities_of(target: Any) -> Capabilities:
     return getattr(target, "capabilities", NOTHING_OPTIONAL)
 
 
+def backend_label(target: Any) -> str:
+    """"name device dtype" of the backend a target runs on (its optional `backend`), or the
+    target's class name for one that names none: what receipts report."""
+    backend = getattr(target, "backend", None)
+    return type(target).__name__ if backend is None else \
+        f"{backend.name} {backend.device} {backend.dtype}"
+
+
 @dataclass
 class PassSequence:
     """One sequence's part of a pass: the tokens appended to its state, and for a token tree

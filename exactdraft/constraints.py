@@ -281,7 +281,11 @@ class ConstraintMatcher:
             self._stopped = True
             self._tokens.append(token)
             return
-        if not self._plain(token) or self._ll.validate_tokens([token]) != 1:
+        # The mask, where this position's is already computed, answers without llguidance.
+        mask = self._masks[-1]
+        allowed = bool(mask[token]) if mask is not None and 0 <= token < mask.size else \
+            self._plain(token) and self._ll.validate_tokens([token]) == 1
+        if not allowed or not self._plain(token):
             raise ConstraintError(f"token {token} is not allowed by the {self.constraint.kind} "
                                   f"constraint after {len(self._tokens)} tokens")
         if not self._ll.consume_token(token):

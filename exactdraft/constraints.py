@@ -335,14 +335,16 @@ class ConstraintMatcher:
         del self._masks[-n:]
 
     def _compute_mask(self) -> np.ndarray:
-        mask = np.zeros(self.vocab_size, dtype=bool)
         if self._stopped or self._ll.is_error():
+            mask = np.zeros(self.vocab_size, dtype=bool)
             mask.flags.writeable = False
             return mask
         words = np.frombuffer(self._ll.compute_bitmask(), dtype=np.uint8)
-        # unpackbits writes 0/1 bytes: read as bool without a copy.
-        mask[:self._usable] = np.unpackbits(words, count=self._usable,
-                                            bitorder="little").view(np.bool_)
+        # unpackbits writes 0/1 bytes: a fresh array read as bool, padded where the model's
+        # vocabulary is wider than the tokenizer's (those ids are never allowed).
+        mask = np.unpackbits(words, count=self._usable, bitorder="little").view(np.bool_)
+        if self._usable < self.vocab_size:
+            mask = np.concatenate([mask, np.zeros(self.vocab_size - self._usable, bool)])
         if self._ll.is_error():  # the mask step ran out of its budget (ParserTooComplex)
             mask[:] = False
         if 0 <= self._ll_eos < self.vocab_size:

@@ -43,7 +43,13 @@ from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import Drafter
 from exactdraft.errors import ExactnessError, ParameterError
 from exactdraft.guard import check_row_invariance, check_tree_invariance
-from exactdraft.models.target import Pass, Target, capabilities_of, run_pass
+from exactdraft.models.target import (
+    Pass,
+    Target,
+    capabilities_of,
+    describe,
+    run_pass,
+)
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput, encode_prompt
 from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
@@ -235,18 +241,13 @@ class Generator:
                    progress=progress, **own)
 
     def __repr__(self) -> str:
-        target = self.target
-        described = getattr(target, "config", None) or getattr(target, "trunk", None)
-        kind = getattr(described, "model_type", None)
-        model = f"{type(target).__name__}({kind})" if kind else type(target).__name__
         if self.drafter is None:
             drafting = "serial"
         elif self.drafting_note is not None:
             drafting = f"drafting off: {self.drafting_note}"
         else:
             drafting = "drafting on" + (", trees" if self.trees else "")
-        return (f"Generator(model={model}, backend={getattr(target, 'backend', None)!r}, "
-                f"arithmetic={getattr(target, 'arithmetic', None)!r}, "
+        return (f"Generator({describe(self.target)}, "
                 f"drafter={self.drafter!r}, {drafting})")
 
     def generate(self, prompt: PromptInput | Sequence[PromptInput],

@@ -89,12 +89,28 @@ def capabilities_of(target: Any) -> Capabilities:
     return getattr(target, "capabilities", NOTHING_OPTIONAL)
 
 
+def backend_of(target: Any) -> Any:
+    """The backend a target runs on (its optional `backend`), or None for one that names none."""
+    return getattr(target, "backend", None)
+
+
 def backend_label(target: Any) -> str:
-    """"name device dtype" of the backend a target runs on (its optional `backend`), or the
-    target's class name for one that names none: what receipts report."""
-    backend = getattr(target, "backend", None)
+    """"name device dtype" of the target's backend, or the target's class name for one that
+    names none: what receipts report."""
+    backend = backend_of(target)
     return type(target).__name__ if backend is None else \
         f"{backend.name} {backend.device} {backend.dtype}"
+
+
+def describe(target: Any) -> str:
+    """"model=..., backend=..., arithmetic=..." for reprs: the target's class and model type
+    (where its optional `config` or `trunk` names one), its backend and its arithmetic (None
+    where a stand-in target has none)."""
+    described = getattr(target, "config", None) or getattr(target, "trunk", None)
+    kind = getattr(described, "model_type", None)
+    model = f"{type(target).__name__}({kind})" if kind else type(target).__name__
+    return (f"model={model}, backend={backend_of(target)!r}, "
+            f"arithmetic={getattr(target, 'arithmetic', None)!r}")
 
 
 @dataclass

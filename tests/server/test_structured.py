@@ -9,9 +9,8 @@ import json
 
 import pytest
 
-import exactdraft as xd
 from tests.conftest import needs_smollm2
-from tests.server.live import post, server_in_thread
+from tests.server.live import post
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -39,18 +38,10 @@ class Person(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=20)
 
 
-@pytest.fixture(scope="module")
-def smollm2_server():
-    generator = xd.Generator.from_pretrained(None, "torch",
-                                             drafter=xd.PromptLookup(max_draft=4, min_match=1),
-                                             progress=False)
-    with server_in_thread(generator, "smollm2", max_sequences=2, max_waiting=8) as (base, _):
-        yield base
-
-
 @needs_smollm2
 def test_openai_parse_with_a_pydantic_model(smollm2_server):
-    client = openai.OpenAI(base_url=smollm2_server + "/v1", api_key="unused", max_retries=0)
+    base, _ = smollm2_server
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Ada is 36 and lives in Oslo. Describe her."}]
     for seed in range(3):
         completion = client.chat.completions.parse(
@@ -68,13 +59,14 @@ def test_openai_parse_with_a_pydantic_model(smollm2_server):
 
 @needs_smollm2
 def test_the_constraint_extension_in_both_apis(smollm2_server):
+    base, _ = smollm2_server
     body = {"model": "smollm2", "max_tokens": 12, "temperature": 0.7, "seed": 3,
             "messages": [{"role": "user", "content": "Which city is the capital of Norway?"}],
             "constraint": {"choices": ["Oslo", "Bergen", "Trondheim"]}}
-    status, reply = post(smollm2_server, "/v1/chat/completions", body)
+    status, reply = post(base, "/v1/chat/completions", body)
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] in ("Oslo", "Bergen", "Trondheim")
-    status, message = post(smollm2_server, "/v1/messages",
+    status, message = post(base, "/v1/messages",
                            {**body, "constraint": {"regex": "[A-Z][a-z]+ is the capital\\."}})
     assert status == 200, message
     text = message["content"][0]["text"]
@@ -83,7 +75,8 @@ def test_the_constraint_extension_in_both_apis(smollm2_server):
 
 @needs_smollm2
 def test_a_required_tool_choice_gives_calls_that_validate(smollm2_server):
-    client = openai.OpenAI(base_url=smollm2_server + "/v1", api_key="unused", max_retries=0)
+    base, _ = smollm2_server
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     for seed in range(3):
         whole = client.chat.completions.create(
             model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
@@ -100,7 +93,7 @@ def test_a_required_tool_choice_gives_calls_that_validate(smollm2_server):
     arguments = "".join(p.function.arguments or "" for p in pieces)
     assert arguments == choice.message.tool_calls[0].function.arguments
 
-    claude = anthropic.Anthropic(base_url=smollm2_server, api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
     message = claude.messages.create(model="claude-any", messages=ASK, tools=ANTHROPIC_TOOLS,
                                      tool_choice={"type": "any",
                                                   "disable_parallel_tool_use": True},
@@ -125,11 +118,12 @@ def test_a_required_tool_choice_gives_calls_that_validate(smollm2_server):
 ])
 def test_bad_constraints_are_refused_by_name_and_the_server_goes_on(smollm2_server, body,
                                                                      param):
+    base, _ = smollm2_server
     request = {"model": "smollm2", "max_tokens": 4,
                "messages": [{"role": "user", "content": "Hi"}], **body}
-    status, reply = post(smollm2_server, "/v1/chat/completions", request)
+    status, reply = post(base, "/v1/chat/completions", request)
     assert status == 400, reply
     assert reply["error"]["param"] == param, reply
-    status, reply = post(smollm2_server, "/v1/chat/completions",
+    status, reply = post(base, "/v1/chat/completions",
                          {**request, "response_format": None, "constraint": None})
     assert status == 200, reply

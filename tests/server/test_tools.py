@@ -74,15 +74,6 @@ def anthropic_history(question: str) -> list[dict]:
     return messages + [{"role": "user", "content": question}]
 
 
-@pytest.fixture(scope="module")
-def smollm2_server():
-    generator = xd.Generator.from_pretrained(None, "torch",
-                                             drafter=xd.PromptLookup(max_draft=4, min_match=1),
-                                             progress=False)
-    with server_in_thread(generator, "smollm2", max_sequences=2, max_waiting=8) as (base, _):
-        yield base, generator
-
-
 def serial_receipt(generator, messages: list[dict], max_tokens: int) -> dict:
     """The prompt and token digests of the Python API's serial greedy run on the rendered chat
     (the messages in the internal form: arguments as objects)."""

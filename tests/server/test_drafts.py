@@ -32,6 +32,15 @@ REPEATS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def served_generator(tiny_checkpoints):
+    """The served tiny llama verifying every draft (no timed depth policy): the kept-draft
+    counts below are about drafting, not about what a loaded machine's pass timings suggest."""
+    return xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
+                                        drafter=xd.PromptLookup(max_draft=4, min_match=1),
+                                        adaptive_depth=False, progress=False)
+
+
 def chat(base: str, messages: list, bias: dict[int, float]) -> dict:
     body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0,
             "logprobs": True, "top_logprobs": 2,

@@ -11,11 +11,13 @@ q4_1, q5_1, q2_k, q4_k and q5_k. Each weight is therefore the exact value its bl
 rounded once to float32 (exact outright in the formats without a min): bit for bit what ggml's
 reference code gives, with or without fused multiply-adds, on every platform.
 
-Every function takes `data`, a uint8 array of shape [rows, row_bytes] holding whole blocks
-back to back (row_bytes = depth / weights_per_block * bytes_per_block), and `depth`, the number
-of weights per row (K), and returns a new float32 array of shape [rows, depth]. `DEQUANTIZE` maps
-a format name to its function and `BLOCK_LAYOUT` maps it to (weights per block, bytes per block).
-All multi-byte fields are little-endian; "f16" is an IEEE half; byte offsets are within a block.
+Each format has two block functions here, which its row in formats.py names (the row holds its
+block size and bytes; nothing here repeats them): `values_<format>(blocks, out)` fills
+out [n, block size] float32 with the weights of blocks [n, block bytes] uint8, and
+`fields_<format>(blocks)` gives the codes and parameters those weights are built from
+(BlockFields). `dequantize_rows` and `block_fields` check whole rows of blocks against a
+layout and run them. All multi-byte fields are little-endian; "f16" is an IEEE half; byte
+offsets are within a block.
 
 Block layouts (32-weight blocks; weight j of the block is element j of the output):
 
@@ -49,22 +51,11 @@ q6_k (210 B): ql[128] @0, qh[64] @128, scales int8[16] @192, d f16 @208. Weight 
     s = weight // 16 has scale scales[s].
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
 QK_K = 256
-
-BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q5_1": (32, 24),
-    "q2_k": (QK_K, 84),
-    "q3_k": (QK_K, 110),
-    "q4_k": (QK_K, 144),
-    "q5_k": (QK_K, 176),
-    "q6_k": (QK_K, 210),
-}
 
 _F32 = np.float32
 
@@ -74,38 +65,40 @@ _F32 = np.float32
 _SLAB_WEIGHTS = 1 << 18
 
 
-def _blocks(data: np.ndarray, depth: int, fmt: str) -> tuple[np.ndarray, int]:
-    """Check `data` and `depth` against `fmt`'s layout; return (blocks [n, block_bytes], rows)."""
-    block_size, block_bytes = BLOCK_LAYOUT[fmt]
+def _blocks(data: np.ndarray, depth: int, name: str, block_size: int,
+            block_bytes: int) -> tuple[np.ndarray, int]:
+    """Check `data` and `depth` against the layout; return (blocks [n, block_bytes], rows)."""
     if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
-        raise ValueError(f"{fmt}: depth must be an int, got {depth!r}")
+        raise ValueError(f"{name}: depth must be an int, got {depth!r}")
     depth = int(depth)
     if depth <= 0 or depth % block_size:
         raise ValueError(
-            f"{fmt}: depth {depth} is not a positive multiple of the block size {block_size}")
+            f"{name}: depth {depth} is not a positive multiple of the block size {block_size}")
     data = np.asarray(data)
     if data.dtype != np.uint8:
-        raise ValueError(f"{fmt}: data must be uint8, got {data.dtype}")
+        raise ValueError(f"{name}: data must be uint8, got {data.dtype}")
     expected = depth // block_size * block_bytes
     if data.ndim != 2 or data.shape[1] != expected:
         raise ValueError(
-            f"{fmt}: data must have shape [rows, {expected}] (row_bytes = {depth} / {block_size}"
+            f"{name}: data must have shape [rows, {expected}] (row_bytes = {depth} / {block_size}"
             f" * {block_bytes}) for depth {depth}, got shape {list(data.shape)}")
     rows = data.shape[0]
     return data.reshape(rows * (depth // block_size), block_bytes), rows
 
 
-def _run(data: np.ndarray, depth: int, fmt: str, kernel) -> np.ndarray:
-    """Check the arguments, then let `kernel(blocks, out)` fill out [n, weights] slab by slab."""
-    blocks, rows = _blocks(data, depth, fmt)
-    block_size = BLOCK_LAYOUT[fmt][0]
+def dequantize_rows(data: np.ndarray, depth: int, name: str, block_size: int, block_bytes: int,
+                    values: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray:
+    """float32 [rows, depth] from uint8 rows [rows, depth / block_size * block_bytes] of whole
+    blocks, `values(blocks, out)` filling the weights slab by slab; ValueError naming `name`
+    and the expected row bytes when the rows do not fit the layout."""
+    blocks, rows = _blocks(data, depth, name, block_size, block_bytes)
     n = blocks.shape[0]
     out = np.empty((n, block_size), dtype=_F32)
     step = _SLAB_WEIGHTS // block_size
     # Non-finite f16 fields give the IEEE results ggml gives (inf * 0 = nan), without warnings.
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, n, step):
-            kernel(blocks[start:start + step], out[start:start + step])
+            values(blocks[start:start + step], out[start:start + step])
     return out.reshape(rows, depth)
 
 
@@ -163,46 +156,34 @@ def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
-    np.multiply(b[:, 2:].view(np.int8), _f16(b, 0), out=out, dtype=_F32)
-
-
-def dequantize_q8_0(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q8_0(b: np.ndarray, out: np.ndarray) -> None:
     """q8_0: `w = q * d`, q the int8 code and d the block's f16 scale.
 
     float32 order: one multiply, exact (at most 18 significant bits). Matches ggml's
     `y = x[i].qs[j]*d`.
     """
-    return _run(data, depth, "q8_0", _q8_0)
+    np.multiply(b[:, 2:].view(np.int8), _f16(b, 0), out=out, dtype=_F32)
 
 
-def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
-    q = _nibbles(b[:, 2:18]).reshape(-1, 32)
-    q -= 8  # wraps in uint8; read back as int8 it is nibble - 8, in [-8, 7]
-    np.multiply(q.view(np.int8), _f16(b, 0), out=out, dtype=_F32)
-
-
-def dequantize_q4_0(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q4_0(b: np.ndarray, out: np.ndarray) -> None:
     """q4_0: `w = (nibble - 8) * d`.
 
     float32 order: the code nibble - 8 in integers, then one multiply, exact. Matches ggml's
     `y = x0*d` with `x0 = (qs[j] & 0x0F) - 8`.
     """
-    return _run(data, depth, "q4_0", _q4_0)
+    q = _nibbles(b[:, 2:18]).reshape(-1, 32)
+    q -= 8  # wraps in uint8; read back as int8 it is nibble - 8, in [-8, 7]
+    np.multiply(q.view(np.int8), _f16(b, 0), out=out, dtype=_F32)
 
 
-def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
-    q = _nibbles(b[:, 4:20]).reshape(-1, 32)
-    np.multiply(q, _f16(b, 0), out=out, dtype=_F32)
-    out += _f16(b, 2)
-
-
-def dequantize_q4_1(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q4_1(b: np.ndarray, out: np.ndarray) -> None:
     """q4_1: `w = (q * d) + m`, q the nibble in [0, 15], m the block's f16 min.
 
     float32 order: q * d (exact), then + m, the one rounding. Matches ggml's `y = x0*d + m`.
     """
-    return _run(data, depth, "q4_1", _q4_1)
+    q = _nibbles(b[:, 4:20]).reshape(-1, 32)
+    np.multiply(q, _f16(b, 0), out=out, dtype=_F32)
+    out += _f16(b, 2)
 
 
 def _five_bit(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
@@ -214,35 +195,34 @@ def _five_bit(b: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
     return q
 
 
-def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
-    q = _five_bit(b, 2, 6)
-    q -= 16  # wraps in uint8; read back as int8 it is the 5-bit code - 16, in [-16, 15]
-    np.multiply(q.view(np.int8), _f16(b, 0), out=out, dtype=_F32)
-
-
-def dequantize_q5_0(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q5_0(b: np.ndarray, out: np.ndarray) -> None:
     """q5_0: `w = (q5 - 16) * d`, q5 the 5-bit code.
 
     float32 order: q5 - 16 in integers, then one multiply, exact. Matches ggml's `y = x0*d`
     with `x0 = ((qs[j] & 0x0F) | xh_0) - 16`.
     """
-    return _run(data, depth, "q5_0", _q5_0)
+    q = _five_bit(b, 2, 6)
+    q -= 16  # wraps in uint8; read back as int8 it is the 5-bit code - 16, in [-16, 15]
+    np.multiply(q.view(np.int8), _f16(b, 0), out=out, dtype=_F32)
 
 
-def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
-    np.multiply(_five_bit(b, 4, 8), _f16(b, 0), out=out, dtype=_F32)
-    out += _f16(b, 2)
-
-
-def dequantize_q5_1(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q5_1(b: np.ndarray, out: np.ndarray) -> None:
     """q5_1: `w = (q5 * d) + m`, q5 the 5-bit code in [0, 31], m the block's f16 min.
 
     float32 order: q5 * d (exact), then + m, the one rounding. Matches ggml's `y = x0*d + m`.
     """
-    return _run(data, depth, "q5_1", _q5_1)
+    np.multiply(_five_bit(b, 4, 8), _f16(b, 0), out=out, dtype=_F32)
+    out += _f16(b, 2)
 
 
-def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
+def values_q2_k(b: np.ndarray, out: np.ndarray) -> None:
+    """q2_k: `w = (d * sc) * q - (dmin * mn)` per 16-weight sub-block, sc = scales[s] & 0xF,
+    mn = scales[s] >> 4, q in [0, 3].
+
+    float32 order: dl = d * sc and ml = dmin * mn first, then dl * q, then dl * q - ml; the
+    products are exact, the subtraction is the one rounding. Matches ggml's
+    `dl = d * (sc & 0xF); ml = min * (sc >> 4); y = dl * q - ml`.
+    """
     n = b.shape[0]
     scales = b[:, 0:16]
     dl = _f16(b, 80) * (scales & 0x0F).astype(_F32)
@@ -253,18 +233,13 @@ def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
     o -= ml[:, :, None]
 
 
-def dequantize_q2_k(data: np.ndarray, depth: int) -> np.ndarray:
-    """q2_k: `w = (d * sc) * q - (dmin * mn)` per 16-weight sub-block, sc = scales[s] & 0xF,
-    mn = scales[s] >> 4, q in [0, 3].
+def values_q3_k(b: np.ndarray, out: np.ndarray) -> None:
+    """q3_k: `w = (d * (sc - 32)) * q` per 16-weight sub-block, sc its 6-bit scale, q the 3-bit
+    code in [-4, 3] (the low 2 bits, minus 4 where the hmask bit is clear).
 
-    float32 order: dl = d * sc and ml = dmin * mn first, then dl * q, then dl * q - ml; the
-    products are exact, the subtraction is the one rounding. Matches ggml's
-    `dl = d * (sc & 0xF); ml = min * (sc >> 4); y = dl * q - ml`.
+    float32 order: dl = d * (sc - 32) first (sc - 32 in integers), then dl * q; both products
+    exact. Matches ggml's `dl = d_all * (scales[is] - 32); y = dl * (q - ((hm[l] & m) ? 0 : 4))`.
     """
-    return _run(data, depth, "q2_k", _q2_k)
-
-
-def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     packed = b[:, 96:108]
     low = _nibbles(packed[:, 0:8]).reshape(n, 16)
@@ -275,16 +250,6 @@ def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
     q -= 4  # wraps in uint8; read back as int8 it is the 3-bit code - 4, in [-4, 3]
     np.multiply(dl[:, :, None], q.reshape(n, 16, 16).view(np.int8), out=out.reshape(n, 16, 16),
                 dtype=_F32)
-
-
-def dequantize_q3_k(data: np.ndarray, depth: int) -> np.ndarray:
-    """q3_k: `w = (d * (sc - 32)) * q` per 16-weight sub-block, sc its 6-bit scale, q the 3-bit
-    code in [-4, 3] (the low 2 bits, minus 4 where the hmask bit is clear).
-
-    float32 order: dl = d * (sc - 32) first (sc - 32 in integers), then dl * q; both products
-    exact. Matches ggml's `dl = d_all * (scales[is] - 32); y = dl * (q - ((hm[l] & m) ? 0 : 4))`.
-    """
-    return _run(data, depth, "q3_k", _q3_k)
 
 
 def _k4_finish(b: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
@@ -298,12 +263,7 @@ def _k4_finish(b: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
     o -= dmn[:, :, None]
 
 
-def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
-    n = b.shape[0]
-    _k4_finish(b, _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32), out)
-
-
-def dequantize_q4_k(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q4_k(b: np.ndarray, out: np.ndarray) -> None:
     """q4_k: `w = (d * sc) * q - (dmin * mn)` per 32-weight sub-block, sc and mn its 6-bit scale
     and min, q the nibble in [0, 15].
 
@@ -311,17 +271,11 @@ def dequantize_q4_k(data: np.ndarray, depth: int) -> np.ndarray:
     products are exact, the subtraction is the one rounding. Matches ggml's
     `d1 = d * sc; m1 = min * m; y = d1 * (q[l] & 0xF) - m1`.
     """
-    return _run(data, depth, "q4_k", _q4_k)
-
-
-def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
-    q = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
-    q |= _bits(b[:, 16:48], at=4)
-    _k4_finish(b, q, out)
+    _k4_finish(b, _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32), out)
 
 
-def dequantize_q5_k(data: np.ndarray, depth: int) -> np.ndarray:
+def values_q5_k(b: np.ndarray, out: np.ndarray) -> None:
     """q5_k: `w = (d * sc) * q - (dmin * mn)` per 32-weight sub-block, sc and mn its 6-bit scale
     and min, q the 5-bit code in [0, 31].
 
@@ -329,10 +283,19 @@ def dequantize_q5_k(data: np.ndarray, depth: int) -> np.ndarray:
     products are exact, the subtraction is the one rounding. Matches ggml's
     `y = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1`.
     """
-    return _run(data, depth, "q5_k", _q5_k)
+    n = b.shape[0]
+    q = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
+    q |= _bits(b[:, 16:48], at=4)
+    _k4_finish(b, q, out)
 
 
-def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
+def values_q6_k(b: np.ndarray, out: np.ndarray) -> None:
+    """q6_k: `w = (d * sc) * q` per 16-weight sub-block, sc its int8 scale, q the 6-bit code
+    minus 32, in [-32, 31].
+
+    float32 order: d * sc first, then (d * sc) * q; both products exact (at most 23 significant
+    bits). Matches ggml's `y = d * sc[is] * q1`, which C evaluates left to right.
+    """
     n = b.shape[0]
     dsc = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
     ql = b[:, 0:128].reshape(n, 2, 2, 32)  # [n, h, j % 2, l]
@@ -343,16 +306,6 @@ def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
     q -= 32  # wraps in uint8; read back as int8 it is the 6-bit code - 32, in [-32, 31]
     np.multiply(dsc[:, :, None], q.reshape(n, 16, 16).view(np.int8), out=out.reshape(n, 16, 16),
                 dtype=_F32)
-
-
-def dequantize_q6_k(data: np.ndarray, depth: int) -> np.ndarray:
-    """q6_k: `w = (d * sc) * q` per 16-weight sub-block, sc its int8 scale, q the 6-bit code
-    minus 32, in [-32, 31].
-
-    float32 order: d * sc first, then (d * sc) * q; both products exact (at most 23 significant
-    bits). Matches ggml's `y = d * sc[is] * q1`, which C evaluates left to right.
-    """
-    return _run(data, depth, "q6_k", _q6_k)
 
 
 class BlockFields:
@@ -376,7 +329,7 @@ class BlockFields:
         return values.reshape(rows, depth)
 
 
-def _fields_q8_0(b: np.ndarray) -> tuple:
+def fields_q8_0(b: np.ndarray) -> tuple:
     return b[:, 2:34] ^ np.uint8(0x80), _f16(b, 0), None, 32, 128
 
 
@@ -386,9 +339,25 @@ def _fields_q4(b: np.ndarray, minimum: bool) -> tuple:
     return codes, _f16(b, 0), _f16(b, 2) if minimum else None, 32, 0 if minimum else 8
 
 
+def fields_q4_0(b: np.ndarray) -> tuple:
+    return _fields_q4(b, minimum=False)
+
+
+def fields_q4_1(b: np.ndarray) -> tuple:
+    return _fields_q4(b, minimum=True)
+
+
 def _fields_q5(b: np.ndarray, minimum: bool) -> tuple:
     codes = _five_bit(b, 4, 8) if minimum else _five_bit(b, 2, 6)
     return codes, _f16(b, 0), _f16(b, 2) if minimum else None, 32, 0 if minimum else 16
+
+
+def fields_q5_0(b: np.ndarray) -> tuple:
+    return _fields_q5(b, minimum=False)
+
+
+def fields_q5_1(b: np.ndarray) -> tuple:
+    return _fields_q5(b, minimum=True)
 
 
 def _fields_k4(b: np.ndarray, five: bool) -> tuple:
@@ -404,7 +373,15 @@ def _fields_k4(b: np.ndarray, five: bool) -> tuple:
     return codes.reshape(n, 256), scales, minimums, 32, 0
 
 
-def _fields_q6_k(b: np.ndarray) -> tuple:
+def fields_q4_k(b: np.ndarray) -> tuple:
+    return _fields_k4(b, five=False)
+
+
+def fields_q5_k(b: np.ndarray) -> tuple:
+    return _fields_k4(b, five=True)
+
+
+def fields_q6_k(b: np.ndarray) -> tuple:
     n = b.shape[0]
     scales = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
     ql = b[:, 0:128].reshape(n, 2, 2, 32)
@@ -415,42 +392,15 @@ def _fields_q6_k(b: np.ndarray) -> tuple:
     return codes.reshape(n, 256), scales, None, 16, 32
 
 
-_FIELDS = {
-    "q8_0": _fields_q8_0,
-    "q4_0": lambda b: _fields_q4(b, False),
-    "q4_1": lambda b: _fields_q4(b, True),
-    "q5_0": lambda b: _fields_q5(b, False),
-    "q5_1": lambda b: _fields_q5(b, True),
-    "q4_k": lambda b: _fields_k4(b, False),
-    "q5_k": lambda b: _fields_k4(b, True),
-    "q6_k": _fields_q6_k,
-}
-
-
-def block_fields(fmt: str, data: np.ndarray, depth: int) -> BlockFields:
-    """The codes and parameters of a q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k matrix
-    (see BlockFields); q8_0's int8 codes are given as code + 128."""
-    if fmt not in _FIELDS:
-        raise ValueError(f"{fmt}: no field decomposition; known: {', '.join(_FIELDS)}")
-    blocks, rows = _blocks(data, depth, fmt)
+def block_fields(data: np.ndarray, depth: int, name: str, block_size: int, block_bytes: int,
+                 fields: Callable[[np.ndarray], tuple]) -> BlockFields:
+    """The codes and parameters (BlockFields) of whole rows of blocks, `fields(blocks)` giving
+    (codes, scales, minimums or None, group, offset); q8_0's int8 codes come as code + 128."""
+    blocks, rows = _blocks(data, depth, name, block_size, block_bytes)
     with np.errstate(invalid="ignore", over="ignore"):
-        codes, scales, minimums, group, offset = _FIELDS[fmt](blocks)
+        codes, scales, minimums, group, offset = fields(blocks)
     groups = depth // group
     return BlockFields(np.ascontiguousarray(codes).reshape(rows, depth),
                        scales.reshape(rows, groups),
                        None if minimums is None else minimums.reshape(rows, groups), group,
                        offset)
-
-
-DEQUANTIZE = {
-    "q8_0": dequantize_q8_0,
-    "q4_0": dequantize_q4_0,
-    "q4_1": dequantize_q4_1,
-    "q5_0": dequantize_q5_0,
-    "q5_1": dequantize_q5_1,
-    "q2_k": dequantize_q2_k,
-    "q3_k": dequantize_q3_k,
-    "q4_k": dequantize_q4_k,
-    "q5_k": dequantize_q5_k,
-    "q6_k": dequantize_q6_k,
-}

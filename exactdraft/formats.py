@@ -1,8 +1,9 @@
 """Weight formats: one row per format, and the containers that keep a matrix in its format.
 
 Invariant: a weight keeps the exact values its checkpoint stores. Every fact about a format (its
-GGUF type id, block size and bytes, how it dequantizes, which CPU kernel multiplies it, whether
-MLX's affine layout holds it losslessly) is in its row of FORMATS and nowhere else in Python;
+GGUF type id, block size and bytes, the numpy block functions that dequantize it and split it
+into codes and scales (dequantize.py), which CPU kernel multiplies it, whether MLX's affine
+layout holds it losslessly) is in its row of FORMATS and nowhere else in Python;
 the C kernels carry the same facts in csrc/cpu/formats.h, and a test holds the two equal.
 Stacking the rows of several matrices (q, k and v into one; gate and up into one) only
 concatenates output rows, so each output element keeps the K order it would have alone.
@@ -37,6 +38,10 @@ class WeightFormat:
     integer_dot: bool = False
     # bits of MLX's affine layout (group 32) that hold the format without changing a value.
     affine_bits: int | None = None
+    # dequantize.values_<format>(blocks, out): the exact float32 weights of its blocks.
+    values: Callable[[np.ndarray, np.ndarray], None] | None = None
+    # dequantize.fields_<format>(blocks): its codes and scales, for formats the CPU packs.
+    fields: Callable[[np.ndarray], tuple] | None = None
 
     @property
     def quantized(self) -> bool:
@@ -50,25 +55,39 @@ class WeightFormat:
         return depth // self.block_size * self.block_bytes
 
     def dequantize(self, data: np.ndarray, depth: int) -> np.ndarray:
-        """float32 [rows, K] from uint8 rows [rows, row bytes] of this format."""
-        return dequantize.DEQUANTIZE[self.name](data, depth)
+        """float32 [rows, K] from uint8 rows [rows, row bytes] of this format (ValueError
+        naming the format and the expected row bytes when the rows do not fit)."""
+        if self.values is None:
+            raise WeightError(f"{self.name} is not a block format")
+        return dequantize.dequantize_rows(data, depth, self.name, self.block_size,
+                                          self.block_bytes, self.values)
+
+    def block_fields(self, data: np.ndarray, depth: int) -> dequantize.BlockFields:
+        """The codes and per-group scales of uint8 rows of this format (dequantize.BlockFields)."""
+        if self.fields is None:
+            known = ", ".join(row.name for row in _ROWS if row.fields is not None)
+            raise WeightError(f"{self.name}: no split into codes and scales; known: {known}")
+        return dequantize.block_fields(data, depth, self.name, self.block_size,
+                                       self.block_bytes, self.fields)
 
 
+_dq = dequantize
 _ROWS = (
-    # name, GGUF type, block size, block bytes, kernel code, float kernel, integer dot, affine
+    # name, GGUF type, block size, block bytes, kernel code, float kernel, integer dot, affine,
+    # block functions
     WeightFormat("f32", 0, 1, 4, kernel=0, float_kernel=True),
     WeightFormat("f16", 1, 1, 2),
     WeightFormat("bf16", 30, 1, 2, kernel=1, float_kernel=True),
-    WeightFormat("q8_0", 8, 32, 34, 2, True, True, affine_bits=8),
-    WeightFormat("q4_0", 2, 32, 18, 3, True, True, affine_bits=4),
-    WeightFormat("q4_1", 3, 32, 20, 4, True, True, affine_bits=4),
-    WeightFormat("q5_0", 6, 32, 22, 5, integer_dot=True),
-    WeightFormat("q5_1", 7, 32, 24, 6, integer_dot=True),
-    WeightFormat("q2_k", 10, 256, 84),
-    WeightFormat("q3_k", 11, 256, 110),
-    WeightFormat("q4_k", 12, 256, 144, 7, integer_dot=True),
-    WeightFormat("q5_k", 13, 256, 176, 8, integer_dot=True),
-    WeightFormat("q6_k", 14, 256, 210, 9, integer_dot=True),
+    WeightFormat("q8_0", 8, 32, 34, 2, True, True, 8, _dq.values_q8_0, _dq.fields_q8_0),
+    WeightFormat("q4_0", 2, 32, 18, 3, True, True, 4, _dq.values_q4_0, _dq.fields_q4_0),
+    WeightFormat("q4_1", 3, 32, 20, 4, True, True, 4, _dq.values_q4_1, _dq.fields_q4_1),
+    WeightFormat("q5_0", 6, 32, 22, 5, False, True, None, _dq.values_q5_0, _dq.fields_q5_0),
+    WeightFormat("q5_1", 7, 32, 24, 6, False, True, None, _dq.values_q5_1, _dq.fields_q5_1),
+    WeightFormat("q2_k", 10, 256, 84, values=_dq.values_q2_k),
+    WeightFormat("q3_k", 11, 256, 110, values=_dq.values_q3_k),
+    WeightFormat("q4_k", 12, 256, 144, 7, False, True, None, _dq.values_q4_k, _dq.fields_q4_k),
+    WeightFormat("q5_k", 13, 256, 176, 8, False, True, None, _dq.values_q5_k, _dq.fields_q5_k),
+    WeightFormat("q6_k", 14, 256, 210, 9, False, True, None, _dq.values_q6_k, _dq.fields_q6_k),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
 _BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}

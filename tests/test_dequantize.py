@@ -27,9 +27,15 @@ import numpy as np
 import pytest
 
 import exactdraft.dequantize as dq
-from exactdraft.dequantize import BLOCK_LAYOUT, DEQUANTIZE, QK_K
+from exactdraft.dequantize import QK_K
+from exactdraft.formats import BLOCK_FORMATS
+from exactdraft.formats import FORMATS as ROWS
 
-FORMATS = list(BLOCK_LAYOUT)
+FORMATS = list(BLOCK_FORMATS)
+# (weights per block, bytes per block), as each format's row in exactdraft/formats.py gives it.
+BLOCK_LAYOUT = {fmt: (ROWS[fmt].block_size, ROWS[fmt].block_bytes) for fmt in FORMATS}
+# The row's dequantizer: float32 [rows, depth] from uint8 rows of whole blocks.
+DEQUANTIZE = {fmt: ROWS[fmt].dequantize for fmt in FORMATS}
 
 # Byte offsets of each format's float16 fields (d, and dmin or m where the format has one).
 F16_FIELDS = {
@@ -67,10 +73,13 @@ def gguf_type(gguf, fmt: str):
 
 
 def test_tables_agree_with_gguf(gguf):
-    assert set(DEQUANTIZE) == set(BLOCK_LAYOUT)
     for fmt, layout in BLOCK_LAYOUT.items():
         assert gguf.GGML_QUANT_SIZES[gguf_type(gguf, fmt)] == layout, fmt
-        assert DEQUANTIZE[fmt].__name__ == f"dequantize_{fmt}"
+        assert int(gguf_type(gguf, fmt)) == ROWS[fmt].ggml_type, fmt
+        # Each row names its own format's block functions, not a neighbour's.
+        assert ROWS[fmt].values.__name__ == f"values_{fmt}"
+        if ROWS[fmt].fields is not None:
+            assert ROWS[fmt].fields.__name__ == f"fields_{fmt}"
 
 
 def test_module_imports_only_numpy():
@@ -81,7 +90,7 @@ def test_module_imports_only_numpy():
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported == {"numpy"}
+    assert imported == {"numpy", "collections.abc"}
 
 
 @pytest.mark.parametrize("slabs", ["one slab", "many slabs"])
@@ -407,4 +416,4 @@ def test_smollm2_blocks_match_gguf_bit_for_bit(gguf, smollm_tensors, type_name):
 
 def test_message_names_row_bytes_formula():
     with pytest.raises(ValueError, match=re.escape("row_bytes = 512 / 256 * 210")):
-        dq.dequantize_q6_k(np.zeros((1, 419), np.uint8), 512)
+        DEQUANTIZE["q6_k"](np.zeros((1, 419), np.uint8), 512)

@@ -1,12 +1,12 @@
-"""The dot layout's packing (csrc/cpu/pack_dot.c) against a numpy packing built on
-exactdraft.dequantize.block_fields, byte for byte, for every format with a dot kernel."""
+"""The dot layout's packing (csrc/cpu/pack_dot.c) against a numpy packing built on the
+format row's block_fields (exactdraft/formats.py), byte for byte, for every format with a dot
+kernel."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from exactdraft.dequantize import block_fields
 from exactdraft.formats import FORMATS
 from exactdraft.kernels import cpu
 from tests.kernels.test_cpu_quantized import BLOCK_FORMATS, quantized_weight
@@ -22,7 +22,7 @@ FLOAT_PARAMETER_FORMATS = ("q4_k", "q5_k", "q6_k")
 def numpy_records(weight) -> np.ndarray:
     """kernels.h's dot layout from the block fields: per group of 16 rows and block of 32, the
     parameters (float16, float32 for the k formats) then the codes in 64-byte chunks."""
-    fields = block_fields(weight.format, weight.data, weight.shape[1])
+    fields = weight.row.block_fields(weight.data, weight.shape[1])
     count, depth = weight.shape
     blocks, groups = depth // 32, -(-count // DOT_GROUP)
     if weight.format == "q6_k":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exactdraft.dequantize import block_fields
 from exactdraft.formats import FORMATS, QuantizedTensor
 from exactdraft.kernels import cpu
 from tests.kernels.conftest import SIMD_LEVELS, assert_rows_match_alone, bits
@@ -63,7 +62,7 @@ def dot_reference(x: np.ndarray, weight: QuantizedTensor, bias=None,
     (s_w * d_x) * isum, plus m_w * (d_x * sum q) for formats with a minimum, or for q6_k the
     two halves' (s_w * d_x) * isum; one float32 rounding per step; then + bias."""
     q, scale, scaled_sum, _ = quantized or quantize_reference(x)
-    fields = block_fields(weight.format, weight.data, weight.shape[1])
+    fields = weight.row.block_fields(weight.data, weight.shape[1])
     rows, depth = x.shape
     columns, blocks = weight.shape[0], depth // 32
     signed = (fields.codes.astype(np.int64) - fields.offset).reshape(columns, blocks, 32)

@@ -152,7 +152,11 @@ def describe_settings(settings_: dict) -> str:
 
 
 def test_docs_hold_the_same_golden_rows():
-    expected = [(describe_settings(s), t) for s, t in GOLDEN_1234 + GOLDEN_99]
+    from tests.test_constraints import GOLDEN_MASKED, GOLDEN_MASKED_99
+
+    # The plain draws' tables, then the masked draws' (tests/test_constraints.py checks those).
+    expected = [(describe_settings(s), t)
+                for s, t in GOLDEN_1234 + GOLDEN_99 + GOLDEN_MASKED + GOLDEN_MASKED_99]
     assert golden_tables_in_the_docs() == expected
 
 

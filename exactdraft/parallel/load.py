@@ -18,10 +18,12 @@ from typing import Any
 from exactdraft.errors import ParameterError
 from exactdraft.parallel.settings import ParallelSettings, parallel_settings
 
-# Configurations of the models TP splits today: dense decoders (models/decoder.py) and the
-# mixture-of-experts families without recurrent layers (models/qwen3_moe.py).
-SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig")
+# Configurations of the models TP splits today: dense decoders (models/decoder.py), the
+# mixture-of-experts families (models/qwen3_moe.py) and the hybrid recurrent families
+# (models/qwen3_next.py, models/nemotron_h.py).
+SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig", "HybridQwenConfig", "NemotronHConfig")
 MOE_TYPES = ("qwen3_moe", "mixtral")
+HYBRID_CONFIGS = ("HybridQwenConfig", "NemotronHConfig")
 
 
 def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> ParallelSettings:
@@ -33,8 +35,9 @@ def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> Paralle
     if kind not in SPLIT_CONFIGS or (kind == "MoEConfig" and model_type not in MOE_TYPES):
         raise ParameterError(
             f"tensor_parallel={n}: {model_type!r} models are not split yet; tensor parallel "
-            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3) and "
-            f"the mixture-of-experts families {', '.join(MOE_TYPES)}")
+            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3), "
+            f"the mixture-of-experts families {', '.join(MOE_TYPES)} and the hybrid "
+            "recurrent families (qwen3_next, qwen3_5, nemotron_h)")
     if n > config.num_heads:
         raise ParameterError(f"tensor_parallel={n} exceeds the model's {config.num_heads} "
                              "attention heads")
@@ -55,8 +58,10 @@ def kernel_threads(settings: ParallelSettings) -> int:
 def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
     """This rank's part of the model on a GatheringBackend: attention split by heads when the
     ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
-    every head; every weight matrix split by output columns either way."""
+    every head; the recurrent layers of a hybrid split by head group where the ranks divide
+    their heads (recurrent_heads.py); every weight matrix split by output columns."""
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
+    from exactdraft.parallel.recurrent_heads import split_recurrent_layers
 
     config, group = checkpoint.config, backend.group
     family_module = sys.modules.get(checkpoint.family.build.__module__)
@@ -67,7 +72,10 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
                           config.head_dim)
         return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
                                      heads)
-    return checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+    model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+    if type(config).__name__ in HYBRID_CONFIGS:
+        split_recurrent_layers(model, group.rank, group.world_size)
+    return model
 
 
 def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *,
@@ -91,8 +99,7 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = build_split_model(checkpoint, wrapped, max_context)
-        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.recurrent or \
-                model.mtp is not None:
+        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.mtp is not None:
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:

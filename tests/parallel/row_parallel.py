@@ -1,5 +1,6 @@
-"""The split TP must not use, kept for the negative control: a row-parallel down projection
-whose ranks multiply their slices of K and all-reduce the partial sums."""
+"""The split TP must not use, kept for the negative controls: a row-parallel down projection
+(or a split recurrent layer's out projection) whose ranks multiply their slices of K and
+all-reduce the partial sums."""
 
 from __future__ import annotations
 
@@ -34,5 +35,38 @@ class RowParallelDownBackend(GatheringBackend):
 
         _, local, start, end = weight
         partial = self.inner.linear(x[:, start:end].contiguous(), local)
+        dist.all_reduce(partial, group=self.group.group)
+        return partial if bias is None else partial + bias
+
+
+class RowParallelHeadsBackend(GatheringBackend):
+    """GatheringBackend whose split recurrent layers' out projections (split_out_projections)
+    take this rank's heads' rows as they are, multiply them by the matching slice of K and
+    all-reduce the partial sums, instead of gathering the heads first."""
+
+    def split_out_projections(self, model: Any, tensors: Any) -> int:
+        from exactdraft.parallel.heads import GatheredInput
+
+        count = 0
+        for index, layer in enumerate(model.layers):
+            mixer = layer.mixer
+            if not hasattr(mixer, "empty_state") or type(mixer.out_proj) is not GatheredInput:
+                continue
+            name = next(key for key in tensors if key.endswith("out_proj.weight") and
+                        f"layers.{index}." in key)
+            width = mixer.out_proj.input_widths[self.group.rank]
+            start = width * self.group.rank
+            dense = np.ascontiguousarray(
+                np.asarray(tensors[name], dtype=np.float32)[:, start:start + width])
+            mixer.out_proj = ("row parallel", self.inner.matrix(dense), 0, width)
+            count += 1
+        return count
+
+    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        if not isinstance(weight, tuple):
+            return super().linear(x, weight, bias)
+        import torch.distributed as dist
+
+        partial = self.inner.linear(x.contiguous(), weight[1])
         dist.all_reduce(partial, group=self.group.group)
         return partial if bias is None else partial + bias

@@ -95,22 +95,29 @@ def rank() -> int:
 
 # -- rank functions -----------------------------------------------------------------------------
 
-def scenario_rank(model: str, settings, folder: str, control: bool,
+def scenario_rank(model: str, settings, folder: str, control: bool | str,
                   heads: bool = False) -> None:
     """Rank 0 runs the scenario through Generator.from_pretrained(tensor_parallel=...) and
-    saves it; with `control`, every rank first runs the row-parallel negative control."""
+    saves it; with `control`, every rank first runs the row-parallel negative control (the
+    MLP down projection's, or with control="recurrent" the split recurrent layers' out
+    projection's)."""
     import exactdraft as xd
 
     try:
-        if control:
+        if control == "recurrent":
+            row_parallel_recurrent_control(model, settings, folder)
+        elif control:
             row_parallel_control(model, settings, folder)
         generator = xd.Generator.from_pretrained(model, tensor_parallel=settings,
                                                  guard=heads)
         np.savez(os.path.join(folder, "tp.npz"), **scenario(generator, heads))
         model_ = generator.target.model
         generator.target.close()
+        fresh = model_.new_state()
         write_outcome(folder, rank(), ok=True, model=type(model_).__name__,
-                      kv_heads=model_.new_state().cache.num_kv_heads)
+                      kv_heads=fresh.cache.num_kv_heads,
+                      recurrent=[[list(part.shape) for part in layer]
+                                 for layer in fresh.recurrent])
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code == 0:
             write_outcome(folder, rank(), ok=True, followed=True)
@@ -133,6 +140,28 @@ def row_parallel_control(model: str, settings, folder: str) -> None:
     backend = RowParallelDownBackend(TorchCPUBackend(), group,
                                      checkpoint.config.intermediate_size)
     target = checkpoint.family.build(checkpoint.config, checkpoint.tensors, backend)
+    logits = target.forward(target.new_state(), PREFIX, rows="all")
+    if group.rank == 0:
+        np.save(os.path.join(folder, "row_parallel.npy"), logits)
+    group.barrier("the control")
+    group.close()
+
+
+def row_parallel_recurrent_control(model: str, settings, folder: str) -> None:
+    """Negative control for the split recurrent layers: each rank multiplies its heads' rows
+    by its slice of the out projection's K and the ranks all-reduce the partial sums instead
+    of gathering the heads. Rank 0 saves the logits of the scenario's prefill."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.load import build_split_model
+    from exactdraft.pretrained import load_checkpoint
+    from tests.parallel.row_parallel import RowParallelHeadsBackend
+
+    checkpoint = load_checkpoint(model, with_tokenizer=False)
+    group = ParallelGroup(settings)
+    backend = RowParallelHeadsBackend(TorchCPUBackend(), group)
+    target = build_split_model(checkpoint, backend)
+    assert backend.split_out_projections(target, checkpoint.tensors) > 0
     logits = target.forward(target.new_state(), PREFIX, rows="all")
     if group.rank == 0:
         np.save(os.path.join(folder, "row_parallel.npy"), logits)

@@ -1,0 +1,119 @@
+"""The hybrid recurrent families under tensor parallel: TP=2 writes TP=1's bits (logits of
+chains, a batch and rollbacks; tokens of serial, drafted and batched runs) with each rank
+running and holding only its own heads of every recurrent layer (Gated DeltaNet, Mamba-2);
+summing the heads' partial out projections across the ranks gives other bits (the negative
+control)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactdraft.models.gated_deltanet import GatedDeltaNet
+from exactdraft.models.mamba2 import Mamba2
+from exactdraft.parallel.recurrent_heads import (
+    deltanet_splits,
+    mamba_splits,
+    split_deltanet,
+    split_mamba,
+)
+from tests.parallel.scenarios import PREFIX, same_bits
+from tests.parallel.test_tensor_parallel import run_both
+
+# (variant, the rank's recurrent state shapes at TP=2: (conv state, recurrent state) per layer)
+HYBRIDS = {
+    # Gated DeltaNet: 2 key heads of 16, 4 value heads of 16, kernel 4, in two layers.
+    "qwen3_next": [[[3, 64], [16, 2, 16]]] * 2,
+    # Mamba-2: 4 heads of 16, 2 groups of state 16, kernel 4, in two layers.
+    "nemotron_h": [[[3, 64], [16, 2, 16]]] * 2,
+}
+
+
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_path,
+                                                                              variant):
+    from exactdraft.pretrained import build_target, load_checkpoint
+    from tests.hybrid_checkpoints import build_hybrid_checkpoint
+
+    model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single, outcome = run_both(model, str(runs), control="recurrent")
+    # Rank 0 holds half of every recurrent layer's state: its heads' channels and states.
+    assert outcome["recurrent"] == HYBRIDS[variant]
+    assert same_bits(parallel, single) == []
+    # Drafted runs (rolled back on every rank) write the serial run's tokens.
+    assert np.array_equal(single["tokens_lookup"], single["tokens_serial"])
+    assert np.array_equal(parallel["tokens_self_drafted"], parallel["tokens_serial"])
+    # Negative control: all-reducing partial out projections changes the logits' bits.
+    target = build_target(load_checkpoint(model), "torch")
+    exact = target.forward(target.new_state(), PREFIX, rows="all")
+    assert exact.tobytes() == single["prefill"].tobytes()
+    summed = np.load(str(runs / "row_parallel.npy"))
+    assert summed.tobytes() != exact.tobytes()
+    assert np.abs(summed - exact).max() < 1e-3 * np.abs(exact).max()  # the same model
+
+
+def deltanet(key_heads: int, value_heads: int) -> GatedDeltaNet:
+    conv = np.zeros((4, 2 * key_heads * 8 + value_heads * 8), np.float32)
+    return GatedDeltaNet(FakeShard(), FakeShard(), conv,
+                         np.ones(value_heads), np.ones(value_heads), np.ones(8, np.float32),
+                         key_heads, value_heads, 8, 8, 1e-6, 0)
+
+
+def mamba(heads: int, groups: int) -> Mamba2:
+    conv = np.zeros((4, heads * 8 + 2 * groups * 8), np.float32)
+    return Mamba2(FakeShard(), FakeShard(), conv, None,
+                  np.ones(heads), np.ones(heads), np.ones(heads, np.float32),
+                  np.ones(heads * 8, np.float32), heads, 8, groups, 8, 0.0, 1.0, 1e-6, 0)
+
+
+@pytest.mark.parametrize(("key_heads", "value_heads", "ranks", "splits"), [
+    (2, 4, 2, True),   # a key head and its two value heads per rank
+    (2, 4, 4, True),   # one value head per rank, within one key head's group
+    (1, 4, 2, True),   # one key head read by every rank
+    (2, 6, 4, False),  # 6 value heads do not split 4 ways
+    (3, 6, 2, False),  # a rank's 3 value heads would straddle a key head's group
+])
+def test_a_deltanet_is_split_only_where_every_rank_holds_whole_heads(key_heads, value_heads,
+                                                                     ranks, splits):
+    layer = deltanet(key_heads, value_heads)
+    assert deltanet_splits(layer, ranks) is splits
+    if not splits:
+        return
+    group = value_heads // key_heads
+    parts = [split_deltanet(layer, r, ranks)
+             for r in range(ranks)]
+    for r, part in enumerate(parts):
+        # The local layer maps its value heads to the key heads the whole layer does.
+        v0 = r * part.num_value_heads
+        local_group = part.num_value_heads // part.num_key_heads
+        assert [(v0 + h) // group - v0 // group for h in range(part.num_value_heads)] == \
+            [h // local_group for h in range(part.num_value_heads)]
+    # The value heads' channels (v, z, b, a) of the ranks cover the layer's once, in order.
+    channels = layer.conv_channels
+    owned = np.concatenate([part.in_proj.columns[part.num_key_heads * 16:] for part in parts])
+    assert sorted(owned.tolist()) == list(range(2 * key_heads * 8, channels + value_heads * 10))
+    assert all(part.conv_channels == part.conv_weight.shape[1] for part in parts)
+
+
+@pytest.mark.parametrize(("heads", "groups", "ranks", "splits"), [
+    (4, 2, 2, True), (8, 4, 4, True), (4, 1, 2, False), (6, 2, 4, False)])
+def test_a_mamba_layer_is_split_only_where_every_rank_holds_whole_norm_groups(heads, groups,
+                                                                             ranks, splits):
+    layer = mamba(heads, groups)
+    assert mamba_splits(layer, ranks) is splits
+    if not splits:
+        return
+    parts = [split_mamba(layer, r, ranks)
+             for r in range(ranks)]
+    columns = np.concatenate([part.in_proj.columns for part in parts])
+    # Every projected channel is owned by exactly one rank.
+    assert sorted(columns.tolist()) == list(range(2 * heads * 8 + 2 * groups * 8 + heads))
+    assert all(part.conv_channels == part.conv_weight.shape[1] for part in parts)
+
+
+class FakeShard:
+    """Stands for a column-split projection: only its shape is read."""
+
+    shape = (0, 64)

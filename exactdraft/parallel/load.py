@@ -11,6 +11,7 @@ replicated vectors and the embedding rows a pass looks up.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -75,6 +76,11 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
     model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
     if type(config).__name__ in HYBRID_CONFIGS:
         split_recurrent_layers(model, group.rank, group.world_size)
+        if model.mtp is not None:
+            # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
+            # replay on the other ranks (target.py declares no MTP): not kept.
+            model.mtp = None
+            model.trunk = dataclasses.replace(model.trunk, mtp=None)
     return model
 
 

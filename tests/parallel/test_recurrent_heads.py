@@ -117,3 +117,33 @@ class FakeShard:
     """Stands for a column-split projection: only its shape is read."""
 
     shape = (0, 64)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_mtp_layers_runs_split_without_them(tmp_path):
+    from tests.hybrid_checkpoints import build_hybrid_checkpoint, mtp_copy
+
+    # Qwen3.5 as shipped carries MTP layers; TP does not keep them (no MTP drafting there),
+    # and its embedding scaled up makes drafts both kept and rejected (rollbacks).
+    plain = build_hybrid_checkpoint(str(tmp_path / "plain"), "qwen3_5")
+    model = mtp_copy(plain, str(tmp_path / "model"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single, outcome = run_both(model, str(runs), control=False)
+    assert outcome["recurrent"] == [[[3, 64], [16, 2, 16]]]
+    assert same_bits(parallel, single) == []
+
+
+@pytest.mark.slow
+def test_a_mamba_layer_whose_norm_group_spans_the_ranks_runs_whole_on_every_rank(tmp_path):
+    from tests.conftest import build_tiny_checkpoint
+    from tests.hybrid_checkpoints import HYBRID_VARIANTS
+
+    # One norm group over all 4 heads: every rank runs the whole recurrence (same bits).
+    model = build_tiny_checkpoint(str(tmp_path / "model"), "llama",
+                                  **dict(HYBRID_VARIANTS["nemotron_h"], n_groups=1))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single, outcome = run_both(model, str(runs), control=False)
+    assert outcome["recurrent"] == [[[3, 96], [16, 4, 16]]] * 2
+    assert same_bits(parallel, single) == []

@@ -59,8 +59,10 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
                                                 adaptive_depth=False)
         assert runs["head2"].trees  # token trees verified in one pass
     for name, run in runs.items():
-        out[f"tokens_{name}"] = np.array(run.generate(PROMPT, 20, params,
-                                                      stop_tokens=[]).tokens)
+        result = run.generate(PROMPT, 20, params, stop_tokens=[])
+        out[f"tokens_{name}"] = np.array(result.tokens)
+        # Drafted and accepted tokens: rejected drafts roll the target's state back.
+        out[f"drafts_{name}"] = np.array([result.stats.drafted, result.stats.accepted])
     with Engine(runs["lookup"], max_sequences=3) as engine:
         results = engine.generate_batch([PROMPT, "abc abc", PROMPT[:9]], max_new_tokens=12,
                                         sampling=params, stop_tokens=[])

@@ -42,7 +42,10 @@ def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_
     # Rank 0 holds half of every recurrent layer's state: its heads' channels and states.
     assert outcome["recurrent"] == HYBRIDS[variant]
     assert same_bits(parallel, single) == []
-    # Drafted runs (rolled back on every rank) write the serial run's tokens.
+    # Drafted runs write the serial run's tokens, rolling back every rank's state where a
+    # draft is rejected.
+    drafted, accepted = parallel["drafts_lookup"]
+    assert drafted > accepted
     assert np.array_equal(single["tokens_lookup"], single["tokens_serial"])
     assert np.array_equal(parallel["tokens_self_drafted"], parallel["tokens_serial"])
     # Negative control: all-reducing partial out projections changes the logits' bits.

@@ -8,7 +8,7 @@ computes those columns with the wrapped backend's kernel, each element a whole d
 the K order TP=1 uses, then gathers every rank's columns in rank order: a copy, never a sum.
 Attention (whole heads: every head from the gathered q, k and v, or with heads.py each rank
 its own heads), the recurrent layers (every head, or with recurrent_heads.py each rank its own
-heads, from the gathered projection), norms, rope, the activations and the residual adds run
+heads), norms, rope, the activations and the residual adds run
 with the wrapped backend's canonical arithmetic, so every rank holds the bits TP=1 holds after
 every op (for its heads, when they are split). The model runs its per-op layer body
 (fused_layers is False), whose bits equal the fused path's (tests/backends).
@@ -96,10 +96,6 @@ class GatheringBackend:
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         from exactdraft.parallel.heads import GatheredInput, LocalColumns
-        from exactdraft.parallel.recurrent_heads import SelectedColumns
-
-        if type(weight) is SelectedColumns:  # a recurrent layer's heads (recurrent_heads.py)
-            return self.linear(x, weight.shard, bias).index_select(1, weight.index)
         if type(weight) is LocalColumns:
             return self.inner.linear(x, weight.local, bias)
         if type(weight) is GatheredInput:

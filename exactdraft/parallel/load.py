@@ -75,7 +75,7 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
                                      heads)
     model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
     if type(config).__name__ in HYBRID_CONFIGS:
-        split_recurrent_layers(model, group.rank, group.world_size)
+        split_recurrent_layers(model, checkpoint, backend)
         if model.mtp is not None:
             # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
             # replay on the other ranks (target.py declares no MTP): not kept.

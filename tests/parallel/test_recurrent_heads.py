@@ -12,7 +12,9 @@ import pytest
 from exactdraft.models.gated_deltanet import GatedDeltaNet
 from exactdraft.models.mamba2 import Mamba2
 from exactdraft.parallel.recurrent_heads import (
+    deltanet_ranges,
     deltanet_splits,
+    mamba_ranges,
     mamba_splits,
     split_deltanet,
     split_mamba,
@@ -85,19 +87,19 @@ def test_a_deltanet_is_split_only_where_every_rank_holds_whole_heads(key_heads, 
     if not splits:
         return
     group = value_heads // key_heads
-    parts = [split_deltanet(layer, r, ranks)
-             for r in range(ranks)]
-    for r, part in enumerate(parts):
+    owned = []
+    for r in range(ranks):
+        rows, conv, (v0, v1) = deltanet_ranges(layer, r, ranks)
+        part = split_deltanet(layer, r, ranks, FakeShard())
         # The local layer maps its value heads to the key heads the whole layer does.
-        v0 = r * part.num_value_heads
         local_group = part.num_value_heads // part.num_key_heads
-        assert [(v0 + h) // group - v0 // group for h in range(part.num_value_heads)] == \
+        assert [(v0 + h) // group - v0 // group for h in range(v1 - v0)] == \
             [h // local_group for h in range(part.num_value_heads)]
-    # The value heads' channels (v, z, b, a) of the ranks cover the layer's once, in order.
-    channels = layer.conv_channels
-    owned = np.concatenate([part.in_proj.columns[part.num_key_heads * 16:] for part in parts])
-    assert sorted(owned.tolist()) == list(range(2 * key_heads * 8, channels + value_heads * 10))
-    assert all(part.conv_channels == part.conv_weight.shape[1] for part in parts)
+        assert part.conv_channels == part.conv_weight.shape[1] == sum(b - a for a, b in conv)
+        assert sum(b - a for a, b in rows) == part.conv_channels + part.num_value_heads * 10
+        owned += [i for a, b in rows[2:] for i in range(a, b)]  # v, z, b, a: the value heads'
+    # The value heads' rows of the ranks cover the layer's once.
+    assert sorted(owned) == list(range(2 * key_heads * 8, layer.conv_channels + value_heads * 10))
 
 
 @pytest.mark.parametrize(("heads", "groups", "ranks", "splits"), [
@@ -108,12 +110,15 @@ def test_a_mamba_layer_is_split_only_where_every_rank_holds_whole_norm_groups(he
     assert mamba_splits(layer, ranks) is splits
     if not splits:
         return
-    parts = [split_mamba(layer, r, ranks)
-             for r in range(ranks)]
-    columns = np.concatenate([part.in_proj.columns for part in parts])
-    # Every projected channel is owned by exactly one rank.
-    assert sorted(columns.tolist()) == list(range(2 * heads * 8 + 2 * groups * 8 + heads))
-    assert all(part.conv_channels == part.conv_weight.shape[1] for part in parts)
+    owned = []
+    for r in range(ranks):
+        rows = mamba_ranges(layer, r, ranks)[0]
+        part = split_mamba(layer, r, ranks, FakeShard())
+        assert part.conv_channels == part.conv_weight.shape[1]
+        assert sum(b - a for a, b in rows) == part.inner + part.conv_channels + part.num_heads
+        owned += [i for a, b in rows for i in range(a, b)]
+    # Every projected row is owned by exactly one rank.
+    assert sorted(owned) == list(range(2 * heads * 8 + 2 * groups * 8 + heads))
 
 
 class FakeShard:

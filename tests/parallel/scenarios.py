@@ -47,6 +47,10 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
         out["after_import"] = target.forward(imported, [21, 22, 23], rows="all")
     params = xd.SamplingParams(temperature=0.8, seed=3)
     tokenizer = generator.tokenizer
+
+    def prompt(text: str):  # a file without a tokenizer (GGUF) takes the tiny one's ids
+        return text if tokenizer is not None else [ord(c) - 29 for c in text]
+
     runs = {"serial": xd.Generator(target, tokenizer=tokenizer),
             "lookup": xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1),
                                    tokenizer=tokenizer, adaptive_depth=False),
@@ -59,12 +63,13 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
                                                 adaptive_depth=False)
         assert runs["head2"].trees  # token trees verified in one pass
     for name, run in runs.items():
-        result = run.generate(PROMPT, 20, params, stop_tokens=[])
+        result = run.generate(prompt(PROMPT), 20, params, stop_tokens=[])
         out[f"tokens_{name}"] = np.array(result.tokens)
         # Drafted and accepted tokens: rejected drafts roll the target's state back.
         out[f"drafts_{name}"] = np.array([result.stats.drafted, result.stats.accepted])
     with Engine(runs["lookup"], max_sequences=3) as engine:
-        results = engine.generate_batch([PROMPT, "abc abc", PROMPT[:9]], max_new_tokens=12,
+        results = engine.generate_batch([prompt(PROMPT), prompt("abc abc"),
+                                         prompt(PROMPT[:9])], max_new_tokens=12,
                                         sampling=params, stop_tokens=[])
     for index, result in enumerate(results):
         out[f"tokens_engine{index}"] = np.array(result.tokens)

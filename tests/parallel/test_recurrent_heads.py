@@ -155,3 +155,21 @@ def test_a_mamba_layer_whose_norm_group_spans_the_ranks_runs_whole_on_every_rank
     parallel, single, outcome = run_both(model, str(runs), control=False)
     assert outcome["recurrent"] == [[[3, 96], [16, 4, 16]]] * 2
     assert same_bits(parallel, single) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+def test_two_ranks_write_the_bits_of_one_from_a_q8_0_gguf_file(tmp_path, variant):
+    from exactdraft.pretrained import load_checkpoint
+    from tests.hybrid_checkpoints import build_hybrid_checkpoint
+    from tests.loading.test_gguf_families import CONVERTERS
+
+    folder = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
+    path = CONVERTERS[variant](folder, str(tmp_path / "model.gguf"), True)
+    kept = load_checkpoint(path, with_tokenizer=False).metadata["tensor_types"]
+    assert kept.get("Q8_0", 0) > 0  # the rank's rows are taken from quantized blocks
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    parallel, single, outcome = run_both(path, str(runs), control=False)
+    assert outcome["recurrent"] == HYBRIDS[variant]
+    assert same_bits(parallel, single) == []

@@ -61,6 +61,7 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
     ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
     every head; the recurrent layers of a hybrid split by head group where the ranks divide
     their heads (recurrent_heads.py); every weight matrix split by output columns."""
+    from exactdraft.parallel.experts import place_experts
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
     from exactdraft.parallel.recurrent_heads import split_recurrent_layers
 
@@ -74,6 +75,7 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
         return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
                                      heads)
     model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+    place_experts(model, checkpoint, backend)
     if type(config).__name__ in HYBRID_CONFIGS:
         split_recurrent_layers(model, checkpoint, backend)
         if model.mtp is not None:

@@ -123,7 +123,7 @@ def _index(ranges: Ranges) -> np.ndarray:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
 
 
-class _Unpacked:
+class Unpacked:
     """A stand-in backend under which a family's layer loader returns its weights as stored
     (matrices and vectors unpacked), to take the rank's rows from."""
 
@@ -147,10 +147,10 @@ def stored_layer(checkpoint: Any, index: int, mixer: Any) -> Any:
     if type(mixer) is GatedDeltaNet:
         text = next((p for p in qwen3_next.TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
                     qwen3_next.TEXT_PREFIXES[-1])
-        return qwen3_next.deltanet(_Unpacked(), reader, f"{text}layers.{index}.linear_attn.",
+        return qwen3_next.deltanet(Unpacked(), reader, f"{text}layers.{index}.linear_attn.",
                                    config, mixer.slot)
     root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
-    return nemotron_h.mamba(_Unpacked(), reader, f"{root}layers.{index}.mixer.", config,
+    return nemotron_h.mamba(Unpacked(), reader, f"{root}layers.{index}.mixer.", config,
                             mixer.slot)
 
 

@@ -113,6 +113,8 @@ def scenario_rank(model: str, settings, folder: str, control: bool | str,
     try:
         if control == "recurrent":
             row_parallel_recurrent_control(model, settings, folder)
+        elif control == "experts":
+            summed_experts_control(model, settings, folder)
         elif control:
             row_parallel_control(model, settings, folder)
         generator = xd.Generator.from_pretrained(model, tensor_parallel=settings,
@@ -124,7 +126,10 @@ def scenario_rank(model: str, settings, folder: str, control: bool | str,
         write_outcome(folder, rank(), ok=True, model=type(model_).__name__,
                       kv_heads=fresh.cache.num_kv_heads,
                       recurrent=[[list(part.shape) for part in layer]
-                                 for layer in fresh.recurrent])
+                                 for layer in fresh.recurrent],
+                      experts=[[e for e, expert in enumerate(layer.feed_forward.experts)
+                                if expert is not None] for layer in model_.layers
+                               if type(layer.feed_forward).__name__ == "ExpertParallelMoE"])
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code == 0:
             write_outcome(folder, rank(), ok=True, followed=True)
@@ -169,6 +174,32 @@ def row_parallel_recurrent_control(model: str, settings, folder: str) -> None:
     backend = RowParallelHeadsBackend(TorchCPUBackend(), group)
     target = build_split_model(checkpoint, backend)
     assert backend.split_out_projections(target, checkpoint.tensors) > 0
+    logits = target.forward(target.new_state(), PREFIX, rows="all")
+    if group.rank == 0:
+        np.save(os.path.join(folder, "row_parallel.npy"), logits)
+    group.barrier("the control")
+    group.close()
+
+
+def summed_experts_control(model: str, settings, folder: str) -> None:
+    """Negative control for whole experts per rank: each rank adds up its own experts'
+    weighted outputs and the ranks all-reduce those partial sums, instead of gathering the
+    outputs and adding them in expert order. Rank 0 saves the logits of the prefill."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.parallel.backend import GatheringBackend
+    from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.load import build_split_model
+    from exactdraft.pretrained import load_checkpoint
+    from tests.parallel.row_parallel import SummedExpertsMoE
+
+    checkpoint = load_checkpoint(model, with_tokenizer=False)
+    group = ParallelGroup(settings)
+    target = build_split_model(checkpoint, GatheringBackend(TorchCPUBackend(), group))
+    blocks = [layer for layer in target.layers
+              if type(layer.feed_forward).__name__ == "ExpertParallelMoE"]
+    assert blocks
+    for layer in blocks:
+        layer.feed_forward.__class__ = SummedExpertsMoE
     logits = target.forward(target.new_state(), PREFIX, rows="all")
     if group.rank == 0:
         np.save(os.path.join(folder, "row_parallel.npy"), logits)

@@ -43,6 +43,8 @@ def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_
     parallel, single, outcome = run_both(model, str(runs), control="recurrent")
     # Rank 0 holds half of every recurrent layer's state: its heads' channels and states.
     assert outcome["recurrent"] == HYBRIDS[variant]
+    # Its mixture-of-experts layers hold experts 0 and 1 of 4 whole (experts.py).
+    assert outcome["experts"] and all(held == [0, 1] for held in outcome["experts"])
     assert same_bits(parallel, single) == []
     # Drafted runs write the serial run's tokens, rolling back every rank's state where a
     # draft is rejected.

@@ -72,7 +72,8 @@ def test_two_ranks_write_the_bits_of_one_with_experts(tmp_path, variant):
     model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
     runs = tmp_path / "runs"
     runs.mkdir()
-    parallel, single, _ = run_both(model, str(runs), control=False)
+    parallel, single, outcome = run_both(model, str(runs), control=False)
+    assert outcome["experts"] and all(held == [0, 1] for held in outcome["experts"])
     assert same_bits(parallel, single) == []
     assert "after_chain" in single  # no token trees on this family: chains instead
 

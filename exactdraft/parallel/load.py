@@ -4,8 +4,9 @@ fingerprint, load this rank's columns, then drive (rank 0) or follow (the others
 Invariant: a split that cannot be made is refused before a rank joins or a weight is read
 (ParameterError naming the rank count and what it exceeds, or the family not split yet); ranks
 whose files or settings differ stop before loading (TensorParallelError naming the rank); each
-rank reads and keeps only its own output columns of every weight matrix (sharding.py) plus the
-replicated vectors and the embedding rows a pass looks up.
+rank keeps only its own output columns of every weight matrix (sharding.py), or its heads' rows
+(heads.py, recurrent_heads.py), or its experts whole (experts.py), plus the replicated vectors
+and the embedding rows a pass looks up.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def kernel_threads(settings: ParallelSettings) -> int:
 def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
     """This rank's part of the model on a GatheringBackend: attention split by heads when the
     ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
-    every head; the recurrent layers of a hybrid split by head group where the ranks divide
-    their heads (recurrent_heads.py); every weight matrix split by output columns."""
+    every head; whole experts per rank (experts.py); the recurrent layers of a hybrid split by
+    head group where the ranks divide their heads (recurrent_heads.py); every other weight
+    matrix split by output columns."""
     from exactdraft.parallel.experts import place_experts
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
     from exactdraft.parallel.recurrent_heads import split_recurrent_layers

@@ -175,3 +175,24 @@ def test_two_ranks_write_the_bits_of_one_from_a_q8_0_gguf_file(tmp_path, variant
     parallel, single, outcome = run_both(path, str(runs), control=False)
     assert outcome["recurrent"] == HYBRIDS[variant]
     assert same_bits(parallel, single) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("variant", "recurrent"), [
+    # One value head per rank, within its key head's group; its key head's q, k rows.
+    ("qwen3_next", [[[3, 48], [16, 1, 16]]] * 2),
+    # 2 norm groups do not split 4 ways: every rank runs the whole Mamba-2 layers.
+    ("nemotron_h", [[[3, 128], [16, 4, 16]]] * 2),
+])
+def test_four_ranks_write_the_bits_of_one(tmp_path, variant, recurrent):
+    from exactdraft.parallel import ParallelSettings
+    from tests.hybrid_checkpoints import build_hybrid_checkpoint
+
+    model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    settings = ParallelSettings(4, timeout_s=120, heartbeat_s=0.25, stale_s=5)
+    parallel, single, outcome = run_both(model, str(runs), control=False, settings=settings)
+    assert outcome["recurrent"] == recurrent
+    assert outcome["experts"] and all(held == [0] for held in outcome["experts"])
+    assert same_bits(parallel, single) == []

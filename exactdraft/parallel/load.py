@@ -60,9 +60,10 @@ def kernel_threads(settings: ParallelSettings) -> int:
 def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
     """This rank's part of the model on a GatheringBackend: attention split by heads when the
     ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
-    every head; whole experts per rank (experts.py); the recurrent layers of a hybrid split by
-    head group where the ranks divide their heads (recurrent_heads.py); every other weight
-    matrix split by output columns."""
+    every head; whole experts per rank (experts.py); the recurrent and attention layers of a
+    hybrid split by head group where the ranks divide their heads (recurrent_heads.py,
+    attention_heads.py); every other weight matrix split by output columns."""
+    from exactdraft.parallel.attention_heads import split_attention_layers
     from exactdraft.parallel.experts import place_experts
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
     from exactdraft.parallel.recurrent_heads import split_recurrent_layers
@@ -80,6 +81,7 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
     place_experts(model, checkpoint, backend)
     if type(config).__name__ in HYBRID_CONFIGS:
         split_recurrent_layers(model, checkpoint, backend)
+        split_attention_layers(model, checkpoint, backend)
         if model.mtp is not None:
             # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
             # replay on the other ranks (target.py declares no MTP): not kept.

@@ -1,8 +1,8 @@
 """The hybrid recurrent families under tensor parallel: TP=2 writes TP=1's bits (logits of
 chains, a batch and rollbacks; tokens of serial, drafted and batched runs) with each rank
-running and holding only its own heads of every recurrent layer (Gated DeltaNet, Mamba-2);
-summing the heads' partial out projections across the ranks gives other bits (the negative
-control)."""
+running and holding only its own heads of every recurrent layer (Gated DeltaNet, Mamba-2) and
+attention layer; summing the heads' partial out projections across the ranks gives other bits
+(the negative control)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_
     parallel, single, outcome = run_both(model, str(runs), control="recurrent")
     # Rank 0 holds half of every recurrent layer's state: its heads' channels and states.
     assert outcome["recurrent"] == HYBRIDS[variant]
+    assert outcome["kv_heads"] == 1  # its attention layers' KV head (attention_heads.py)
     # Its mixture-of-experts layers hold experts 0 and 1 of 4 whole (experts.py).
     assert outcome["experts"] and all(held == [0, 1] for held in outcome["experts"])
     assert same_bits(parallel, single) == []
@@ -194,5 +195,6 @@ def test_four_ranks_write_the_bits_of_one(tmp_path, variant, recurrent):
     settings = ParallelSettings(4, timeout_s=120, heartbeat_s=0.25, stale_s=5)
     parallel, single, outcome = run_both(model, str(runs), control=False, settings=settings)
     assert outcome["recurrent"] == recurrent
+    assert outcome["kv_heads"] == 2  # 4 ranks do not divide 2 KV heads: every head, every rank
     assert outcome["experts"] and all(held == [0] for held in outcome["experts"])
     assert same_bits(parallel, single) == []

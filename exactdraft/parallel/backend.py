@@ -7,10 +7,12 @@ too narrow to give every rank a group of columns stays whole on every rank); `li
 computes those columns with the wrapped backend's kernel, each element a whole dot product in
 the K order TP=1 uses, then gathers every rank's columns in rank order: a copy, never a sum.
 Attention (whole heads: every head from the gathered q, k and v, or with heads.py each rank
-its own heads), norms, rope, the activations and the residual adds run with the wrapped
-backend's canonical arithmetic, so every rank holds the bits TP=1 holds after every op (for
-its heads, when they are split). The model runs its per-op
-layer body (fused_layers is False), whose bits equal the fused path's (tests/backends).
+its own heads; attention_heads.py for the hybrids), the recurrent layers (every head, or with
+recurrent_heads.py each rank its own heads), the experts' weighted sum (experts.py), norms,
+rope, the activations and the residual adds run with the wrapped backend's canonical
+arithmetic, so every rank holds the bits TP=1 holds after every op (for its heads, when they
+are split). The model runs its per-op layer body (fused_layers is False), whose bits equal
+the fused path's (tests/backends).
 """
 
 from __future__ import annotations

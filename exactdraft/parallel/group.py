@@ -217,6 +217,19 @@ class ParallelGroup:
         self.bytes_sent += send.numel() * send.element_size() * (self.world_size - 1)
         return torch.cat([block[:, :width] for block, width in zip(blocks, widths)], dim=1)
 
+    def all_gather_rows(self, local: np.ndarray, counts: list[int]) -> np.ndarray:
+        """The ranks' row blocks [counts[r], W] stacked in rank order: a copy, no arithmetic.
+        Blocks are padded to the tallest for the transport."""
+        torch = self._torch
+        tallest = max(counts)
+        send = torch.zeros((tallest, local.shape[1]), dtype=torch.float32)
+        send[:local.shape[0]] = torch.from_numpy(np.ascontiguousarray(local))
+        blocks = [torch.empty_like(send) for _ in counts]
+        self._collective(lambda: self._dist.all_gather(blocks, send, group=self.group),
+                         "an expert gather")
+        self.bytes_sent += send.numel() * send.element_size() * (self.world_size - 1)
+        return torch.cat([block[:count] for block, count in zip(blocks, counts)]).numpy()
+
     def all_gather_heads(self, local: np.ndarray) -> np.ndarray:
         """The ranks' arrays [layers, heads_r, ...] joined along the heads, in rank order."""
         torch = self._torch

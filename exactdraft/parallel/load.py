@@ -4,13 +4,15 @@ fingerprint, load this rank's columns, then drive (rank 0) or follow (the others
 Invariant: a split that cannot be made is refused before a rank joins or a weight is read
 (ParameterError naming the rank count and what it exceeds, or the family not split yet); ranks
 whose files or settings differ stop before loading (TensorParallelError naming the rank); each
-rank reads and keeps only its own output columns of every weight matrix (sharding.py) plus the
-replicated vectors and the embedding rows a pass looks up.
+rank keeps only its own output columns of every weight matrix (sharding.py), or its heads' rows
+(heads.py, recurrent_heads.py), or its experts whole (experts.py), plus the replicated vectors
+and the embedding rows a pass looks up.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -18,10 +20,12 @@ from typing import Any
 from exactdraft.errors import ParameterError
 from exactdraft.parallel.settings import ParallelSettings, parallel_settings
 
-# Configurations of the models TP splits today: dense decoders (models/decoder.py) and the
-# mixture-of-experts families without recurrent layers (models/qwen3_moe.py).
-SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig")
+# Configurations of the models TP splits today: dense decoders (models/decoder.py), the
+# mixture-of-experts families (models/qwen3_moe.py) and the hybrid recurrent families
+# (models/qwen3_next.py, models/nemotron_h.py).
+SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig", "HybridQwenConfig", "NemotronHConfig")
 MOE_TYPES = ("qwen3_moe", "mixtral")
+HYBRID_CONFIGS = ("HybridQwenConfig", "NemotronHConfig")
 
 
 def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> ParallelSettings:
@@ -33,8 +37,9 @@ def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> Paralle
     if kind not in SPLIT_CONFIGS or (kind == "MoEConfig" and model_type not in MOE_TYPES):
         raise ParameterError(
             f"tensor_parallel={n}: {model_type!r} models are not split yet; tensor parallel "
-            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3) and "
-            f"the mixture-of-experts families {', '.join(MOE_TYPES)}")
+            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3), "
+            f"the mixture-of-experts families {', '.join(MOE_TYPES)} and the hybrid "
+            "recurrent families (qwen3_next, qwen3_5, nemotron_h)")
     if n > config.num_heads:
         raise ParameterError(f"tensor_parallel={n} exceeds the model's {config.num_heads} "
                              "attention heads")
@@ -55,8 +60,13 @@ def kernel_threads(settings: ParallelSettings) -> int:
 def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
     """This rank's part of the model on a GatheringBackend: attention split by heads when the
     ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
-    every head; every weight matrix split by output columns either way."""
+    every head; whole experts per rank (experts.py); the recurrent and attention layers of a
+    hybrid split by head group where the ranks divide their heads (recurrent_heads.py,
+    attention_heads.py); every other weight matrix split by output columns."""
+    from exactdraft.parallel.attention_heads import split_attention_layers
+    from exactdraft.parallel.experts import place_experts
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
+    from exactdraft.parallel.recurrent_heads import split_recurrent_layers
 
     config, group = checkpoint.config, backend.group
     family_module = sys.modules.get(checkpoint.family.build.__module__)
@@ -67,7 +77,17 @@ def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = N
                           config.head_dim)
         return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
                                      heads)
-    return checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+    model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
+    place_experts(model, checkpoint, backend)
+    if type(config).__name__ in HYBRID_CONFIGS:
+        split_recurrent_layers(model, checkpoint, backend)
+        split_attention_layers(model, checkpoint, backend)
+        if model.mtp is not None:
+            # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
+            # replay on the other ranks (target.py declares no MTP): not kept.
+            model.mtp = None
+            model.trunk = dataclasses.replace(model.trunk, mtp=None)
+    return model
 
 
 def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *,
@@ -91,8 +111,7 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = build_split_model(checkpoint, wrapped, max_context)
-        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.recurrent or \
-                model.mtp is not None:
+        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.mtp is not None:
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:

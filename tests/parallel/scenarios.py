@@ -47,6 +47,10 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
         out["after_import"] = target.forward(imported, [21, 22, 23], rows="all")
     params = xd.SamplingParams(temperature=0.8, seed=3)
     tokenizer = generator.tokenizer
+
+    def prompt(text: str):  # a file without a tokenizer (GGUF) takes the tiny one's ids
+        return text if tokenizer is not None else [ord(c) - 29 for c in text]
+
     runs = {"serial": xd.Generator(target, tokenizer=tokenizer),
             "lookup": xd.Generator(target, xd.PromptLookup(max_draft=4, min_match=1),
                                    tokenizer=tokenizer, adaptive_depth=False),
@@ -59,10 +63,13 @@ def scenario(generator, heads: bool = False) -> dict[str, np.ndarray]:
                                                 adaptive_depth=False)
         assert runs["head2"].trees  # token trees verified in one pass
     for name, run in runs.items():
-        out[f"tokens_{name}"] = np.array(run.generate(PROMPT, 20, params,
-                                                      stop_tokens=[]).tokens)
+        result = run.generate(prompt(PROMPT), 20, params, stop_tokens=[])
+        out[f"tokens_{name}"] = np.array(result.tokens)
+        # Drafted and accepted tokens: rejected drafts roll the target's state back.
+        out[f"drafts_{name}"] = np.array([result.stats.drafted, result.stats.accepted])
     with Engine(runs["lookup"], max_sequences=3) as engine:
-        results = engine.generate_batch([PROMPT, "abc abc", PROMPT[:9]], max_new_tokens=12,
+        results = engine.generate_batch([prompt(PROMPT), prompt("abc abc"),
+                                         prompt(PROMPT[:9])], max_new_tokens=12,
                                         sampling=params, stop_tokens=[])
     for index, result in enumerate(results):
         out[f"tokens_engine{index}"] = np.array(result.tokens)
@@ -95,22 +102,34 @@ def rank() -> int:
 
 # -- rank functions -----------------------------------------------------------------------------
 
-def scenario_rank(model: str, settings, folder: str, control: bool,
+def scenario_rank(model: str, settings, folder: str, control: bool | str,
                   heads: bool = False) -> None:
     """Rank 0 runs the scenario through Generator.from_pretrained(tensor_parallel=...) and
-    saves it; with `control`, every rank first runs the row-parallel negative control."""
+    saves it; with `control`, every rank first runs the row-parallel negative control (the
+    MLP down projection's, or with control="recurrent" the split recurrent layers' out
+    projection's)."""
     import exactdraft as xd
 
     try:
-        if control:
+        if control == "recurrent":
+            row_parallel_recurrent_control(model, settings, folder)
+        elif control == "experts":
+            summed_experts_control(model, settings, folder)
+        elif control:
             row_parallel_control(model, settings, folder)
         generator = xd.Generator.from_pretrained(model, tensor_parallel=settings,
                                                  guard=heads)
         np.savez(os.path.join(folder, "tp.npz"), **scenario(generator, heads))
         model_ = generator.target.model
         generator.target.close()
+        fresh = model_.new_state()
         write_outcome(folder, rank(), ok=True, model=type(model_).__name__,
-                      kv_heads=model_.new_state().cache.num_kv_heads)
+                      kv_heads=fresh.cache.num_kv_heads,
+                      recurrent=[[list(part.shape) for part in layer]
+                                 for layer in fresh.recurrent],
+                      experts=[[e for e, expert in enumerate(layer.feed_forward.experts)
+                                if expert is not None] for layer in model_.layers
+                               if type(layer.feed_forward).__name__ == "ExpertParallelMoE"])
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code == 0:
             write_outcome(folder, rank(), ok=True, followed=True)
@@ -133,6 +152,54 @@ def row_parallel_control(model: str, settings, folder: str) -> None:
     backend = RowParallelDownBackend(TorchCPUBackend(), group,
                                      checkpoint.config.intermediate_size)
     target = checkpoint.family.build(checkpoint.config, checkpoint.tensors, backend)
+    logits = target.forward(target.new_state(), PREFIX, rows="all")
+    if group.rank == 0:
+        np.save(os.path.join(folder, "row_parallel.npy"), logits)
+    group.barrier("the control")
+    group.close()
+
+
+def row_parallel_recurrent_control(model: str, settings, folder: str) -> None:
+    """Negative control for the split recurrent layers: each rank multiplies its heads' rows
+    by its slice of the out projection's K and the ranks all-reduce the partial sums instead
+    of gathering the heads. Rank 0 saves the logits of the scenario's prefill."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.load import build_split_model
+    from exactdraft.pretrained import load_checkpoint
+    from tests.parallel.row_parallel import RowParallelHeadsBackend
+
+    checkpoint = load_checkpoint(model, with_tokenizer=False)
+    group = ParallelGroup(settings)
+    backend = RowParallelHeadsBackend(TorchCPUBackend(), group)
+    target = build_split_model(checkpoint, backend)
+    assert backend.split_out_projections(target, checkpoint.tensors) > 0
+    logits = target.forward(target.new_state(), PREFIX, rows="all")
+    if group.rank == 0:
+        np.save(os.path.join(folder, "row_parallel.npy"), logits)
+    group.barrier("the control")
+    group.close()
+
+
+def summed_experts_control(model: str, settings, folder: str) -> None:
+    """Negative control for whole experts per rank: each rank adds up its own experts'
+    weighted outputs and the ranks all-reduce those partial sums, instead of gathering the
+    outputs and adding them in expert order. Rank 0 saves the logits of the prefill."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.parallel.backend import GatheringBackend
+    from exactdraft.parallel.group import ParallelGroup
+    from exactdraft.parallel.load import build_split_model
+    from exactdraft.pretrained import load_checkpoint
+    from tests.parallel.row_parallel import SummedExpertsMoE
+
+    checkpoint = load_checkpoint(model, with_tokenizer=False)
+    group = ParallelGroup(settings)
+    target = build_split_model(checkpoint, GatheringBackend(TorchCPUBackend(), group))
+    blocks = [layer for layer in target.layers
+              if type(layer.feed_forward).__name__ == "ExpertParallelMoE"]
+    assert blocks
+    for layer in blocks:
+        layer.feed_forward.__class__ = SummedExpertsMoE
     logits = target.forward(target.new_state(), PREFIX, rows="all")
     if group.rank == 0:
         np.save(os.path.join(folder, "row_parallel.npy"), logits)

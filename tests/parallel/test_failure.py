@@ -76,15 +76,30 @@ def test_a_bad_rank_count_is_refused_naming_it(model, value):
 def test_families_not_split_yet_are_refused_naming_them():
     from exactdraft.models.qwen3_moe import MoEConfig
 
-    class HybridQwenConfig:  # the recurrent hybrids' configuration, by name
-        model_type = "qwen3_next"
+    class RecurrentConfig:  # a family with no split, by its configuration's name
+        model_type = "rwkv"
 
-    with pytest.raises(ParameterError, match="'qwen3_next' models are not split yet"):
-        check_split(HybridQwenConfig(), 2)
+    with pytest.raises(ParameterError, match="'rwkv' models are not split yet"):
+        check_split(RecurrentConfig(), 2)
     moe = MoEConfig.__new__(MoEConfig)  # a mixture-of-experts configuration of another type
     object.__setattr__(moe, "model_type", "deepseek")
     with pytest.raises(ParameterError, match="'deepseek' models are not split yet"):
         check_split(moe, 2)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "nemotron_h"])
+def test_the_hybrid_recurrent_families_are_split(model_type):
+    from exactdraft.models.nemotron_h import NemotronHConfig
+    from exactdraft.models.qwen3_next import HybridQwenConfig
+
+    kind = NemotronHConfig if model_type == "nemotron_h" else HybridQwenConfig
+    config = kind.__new__(kind)  # the family's configuration, with the fields check_split reads
+    object.__setattr__(config, "model_type", model_type)
+    object.__setattr__(config, "num_heads", 4)
+    assert check_split(config, 2).world_size == 2
+    with pytest.raises(ParameterError, match="tensor_parallel=8 exceeds the model's 4 "
+                                             "attention heads"):
+        check_split(config, 8)
 
 
 def test_without_the_distributed_environment_the_error_says_how_to_start(model, monkeypatch):

@@ -16,17 +16,20 @@ from tests.parallel.scenarios import PREFIX, read_outcome, same_bits, scenario, 
 SETTINGS = ParallelSettings(2, timeout_s=60, heartbeat_s=0.25, stale_s=3)
 
 
-def run_both(model: str, folder: str, control: bool, heads: bool = False
-             ) -> tuple[dict, dict]:
-    """(TP=2 rank 0's scenario, TP=1's), after checking both ranks ended cleanly; the
-    scenario's outcome on rank 0 (which model class ran, its KV heads per rank) under
-    parallel["outcome"]."""
+def run_both(model: str, folder: str, control: bool | str, heads: bool = False,
+             settings: ParallelSettings = SETTINGS) -> tuple[dict, dict, dict]:
+    """(TP=N rank 0's scenario, TP=1's, rank 0's outcome: which model class ran, its KV heads
+    and recurrent state shapes, the experts it holds), after checking every rank ended
+    cleanly."""
     import exactdraft as xd
 
-    codes = launch(scenario_rank, 2, (model, SETTINGS, folder, control, heads), timeout_s=600)
-    outcomes = [read_outcome(folder, r) for r in range(2)]
-    assert codes == [0, 0] and all(o.get("ok") for o in outcomes), (codes, outcomes)
-    assert outcomes[1].get("followed")  # rank 1 followed rank 0 and exited when it closed
+    ranks = settings.world_size
+    codes = launch(scenario_rank, ranks, (model, settings, folder, control, heads),
+                   timeout_s=600)
+    outcomes = [read_outcome(folder, r) for r in range(ranks)]
+    assert codes == [0] * ranks and all(o.get("ok") for o in outcomes), (codes, outcomes)
+    # The other ranks followed rank 0 and exited when it closed.
+    assert all(o.get("followed") for o in outcomes[1:])
     with np.load(os.path.join(folder, "tp.npz")) as saved:
         parallel = {name: saved[name] for name in saved.files}
     single = scenario(xd.Generator.from_pretrained(model, guard=heads), heads)
@@ -72,7 +75,8 @@ def test_two_ranks_write_the_bits_of_one_with_experts(tmp_path, variant):
     model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
     runs = tmp_path / "runs"
     runs.mkdir()
-    parallel, single, _ = run_both(model, str(runs), control=False)
+    parallel, single, outcome = run_both(model, str(runs), control=False)
+    assert outcome["experts"] and all(held == [0, 1] for held in outcome["experts"])
     assert same_bits(parallel, single) == []
     assert "after_chain" in single  # no token trees on this family: chains instead
 

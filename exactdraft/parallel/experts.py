@@ -1,0 +1,136 @@
+"""Mixture-of-experts layers with whole experts per tensor-parallel rank (expert parallel):
+rank r holds experts [r E/N, (r+1) E/N) whole, runs them on the rows routed to them, and the
+ranks gather the experts' output rows; every rank then adds them up in TP=1's order.
+
+Invariant: TP=N writes the bits TP=1 writes. Routing runs on every rank from the same gathered
+router logits (models/moe.py's `route`), so every rank picks the same experts and knows how
+many rows each one gets. An expert's output rows are computed by its one rank with the wrapped
+backend on the expert's whole matrices (each element a whole dot product, the K order fixed by
+K and the format alone: backend.py), so they are TP=1's; the gather is a copy. The weighted sum
+is then models/moe.py's exactly: starting from zero, each row adds its experts' outputs times
+their float32 weights in increasing expert index, then the shared expert last. The router and
+shared-expert rows, the shared expert's down projection and the latent projections stay
+column-split (backend.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exactdraft.models.mixers import DenseMLP
+from exactdraft.models.moe import MoEBlock, route
+from exactdraft.models.recurrent import F32, sigmoid32
+
+
+def expert_ranges(experts: int, world_size: int) -> list[tuple[int, int]]:
+    """[start, end) of the experts each rank holds: contiguous, in rank order."""
+    return [(r * experts // world_size, (r + 1) * experts // world_size)
+            for r in range(world_size)]
+
+
+@dataclass
+class ExpertParallelMoE(MoEBlock):
+    """A MoEBlock whose `experts` holds this rank's experts whole (others None)."""
+
+    ranges: list[tuple[int, int]] = None  # type: ignore[assignment]
+    group: Any = None
+
+    def run(self, be: Any, x: Any, ctx: Any = None) -> Any:
+        experts = self.settings.num_experts
+        entry = be.linear(x, self.entry)
+        host = be.to_host(entry)
+        chosen, weights = route(self.settings, host[:, :experts], self.correction_bias)
+        inner = x if self.latent_in is None else be.linear(x, self.latent_in)
+        rows_in = be.to_host(inner)
+        routed_experts = [int(e) for e in np.unique(chosen)]
+        routed_rows = {e: np.nonzero(chosen == e) for e in routed_experts}
+        # This rank's experts on their rows, in expert order; then every rank's, gathered.
+        start, end = self.ranges[self.group.rank]
+        mine = [be.to_host(self.experts[e].run(be, be.vector(rows_in[routed_rows[e][0]])))
+                for e in routed_experts if start <= e < end]
+        local = np.concatenate(mine) if mine else np.zeros((0, rows_in.shape[1]), F32)
+        counts = [sum(routed_rows[e][0].size for e in routed_experts if a <= e < b)
+                  for a, b in self.ranges]
+        gathered = self.group.all_gather_rows(local, counts)
+        total = np.zeros(rows_in.shape, dtype=F32)
+        first = 0
+        for expert in routed_experts:  # models/moe.py's sum, in its order
+            rows, slots = routed_rows[expert]
+            out = gathered[first:first + rows.size]
+            first += rows.size
+            total[rows] = total[rows] + out * weights[rows, slots][:, None]
+        routed = be.vector(total)
+        if self.latent_out is not None:
+            routed = be.linear(routed, self.latent_out)
+        if self.shared_down is None:
+            return routed
+        first = experts + self.shared_gated
+        shared = DenseMLP(None, self.shared_down, self.shared_activation).finish(
+            be, be.concatenate([entry[:, first:]]))
+        if self.shared_gated:
+            shared = be.vector(be.to_host(shared) * sigmoid32(host[:, experts:first]))
+        return routed + shared
+
+
+def stored_experts(checkpoint: Any, index: int, block: MoEBlock) -> list[DenseMLP]:
+    """Layer `index`'s experts with their weights as the checkpoint stores them (the families'
+    own loader, models/moe.py's load_experts, on an unpacking backend)."""
+    from exactdraft.models.moe import load_experts
+    from exactdraft.models.tensors import TensorReader
+    from exactdraft.parallel.recurrent_heads import Unpacked
+
+    c = checkpoint.config
+    reader = TensorReader(checkpoint.tensors, c.source)
+    kind = type(c).__name__
+    count = block.settings.num_experts
+    if kind == "NemotronHConfig":
+        from exactdraft.models.nemotron_h import RELU2
+
+        root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
+        return load_experts(Unpacked(), reader, f"{root}layers.{index}.mixer.experts.", count,
+                            c.latent_size or c.hidden_size, c.expert_size, RELU2,
+                            activation="relu2")
+    if kind == "HybridQwenConfig":
+        from exactdraft.models.qwen3_next import TEXT_PREFIXES
+
+        text = next((p for p in TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
+                    TEXT_PREFIXES[-1])
+        prefix = f"{text}layers.{index}.mlp."
+    else:  # qwen3_moe, mixtral
+        layer = f"model.layers.{index}."
+        prefix = layer + "block_sparse_moe." if reader.has(
+            layer + "block_sparse_moe.gate.weight") else layer + "mlp."
+    names = ("w1", "w3", "w2") if prefix.endswith("block_sparse_moe.") else \
+        ("gate_proj", "up_proj", "down_proj")
+    return load_experts(Unpacked(), reader, prefix + "experts.", count, c.hidden_size,
+                        c.expert_size, names)
+
+
+def place_experts(model: Any, checkpoint: Any, backend: Any) -> int:
+    """Replace, in place, every MoEBlock of a DecoderModel on a GatheringBackend with an
+    ExpertParallelMoE holding this rank's experts whole; returns how many were replaced (none
+    when there are fewer experts than ranks: those keep their experts column-split)."""
+    rank, world_size = backend.group.rank, backend.group.world_size
+    placed = 0
+    for index, layer in enumerate(model.layers):
+        block = layer.feed_forward
+        if type(block) is not MoEBlock or block.settings.num_experts < world_size:
+            continue
+        ranges = expert_ranges(block.settings.num_experts, world_size)
+        start, end = ranges[rank]
+        stored = stored_experts(checkpoint, index, block)
+        held: list[Any] = []
+        for e, expert in enumerate(block.experts):
+            backend.forget(expert.gate_up)
+            backend.forget(expert.down)
+            held.append(DenseMLP(backend.local_matrix(stored[e].gate_up),
+                                 backend.local_matrix(stored[e].down), expert.activation)
+                        if start <= e < end else None)
+        fields = {name: getattr(block, name) for name in block.__dataclass_fields__}
+        layer.feed_forward = ExpertParallelMoE(**{**fields, "experts": held}, ranges=ranges,
+                                               group=backend.group)
+        placed += 1
+    return placed

@@ -3,10 +3,11 @@
     python benchmarks/record.py verify_cost -- python benchmarks/verify_cost.py --repeats 15
 
 writes docs/benchmarks/verify_cost.txt: a header naming the exact command, the date (UTC), the
-machine (CPU model, logical cores, the cores this process may use), the SIMD level exactdraft's
-CPU kernels run at, the commit measured (with "+ uncommitted changes" when exactdraft/ or
-benchmarks/ differ from it) and the Python and torch versions; then the command's stdout, byte
-for byte as it printed it (also streamed to this terminal); then its wall time.
+machine (CPU model, logical cores, the cores this process may use), the load average (on a
+shared machine, how much else ran), the SIMD level exactdraft's CPU kernels run at, the commit
+measured (with "+ uncommitted changes" when exactdraft/ or benchmarks/ differ from it) and the
+Python and torch versions; then the command's stdout, byte for byte as it printed it (also
+streamed to this terminal); then its wall time.
 
 The invariant it keeps: a record file exists only for a command that exited 0. The record is
 written to a temporary file beside its destination and renamed into place at the end, so a
@@ -89,6 +90,13 @@ def commit() -> str:
     return head + (" + uncommitted changes" if changed else "")
 
 
+def load_average() -> str:
+    """The 1-minute load average against the core count: on a shared machine, how much else ran."""
+    if not hasattr(os, "getloadavg"):
+        return "unknown"
+    return f"{os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} logical cores"
+
+
 def version(package: str) -> str:
     try:
         return metadata.version(package)
@@ -102,6 +110,7 @@ def header(command: list[str], started: datetime.datetime) -> str:
         "date": started.strftime("%Y-%m-%d %H:%M:%S UTC"),
         "machine": f"{cpu_model()}, {os.cpu_count()} logical cores, "
                    f"this process may use {usable_cores()}",
+        "load average": load_average(),
         "simd level": simd_level(),
         "commit": commit(),
         "python": platform.python_version(),
@@ -143,7 +152,8 @@ def record(name: str, command: list[str], out: Path) -> int:
                 print(f"record.py: the command exited {code}; no record written",
                       file=sys.stderr)
                 return code
-            handle.write(f"#\n# exit 0 after {seconds:.1f} s wall time\n".encode())
+            handle.write(f"#\n# exit 0 after {seconds:.1f} s wall time; load average at the end "
+                         f"{load_average()}\n".encode())
         target = out / f"{name}.txt"
         os.replace(temporary, target)
         print(f"record.py: wrote {target} ({seconds:.1f} s)", file=sys.stderr)

@@ -50,6 +50,8 @@ def test_a_record_holds_the_header_and_the_raw_output(tmp_path):
     assert fields["machine"].startswith(record.cpu_model())
     assert f"{os.cpu_count()} logical cores" in fields["machine"]
     assert f"may use {len(os.sched_getaffinity(0))} (" in fields["machine"]
+    assert re.fullmatch(rf"\d+\.\d\d \(1 min\) on {os.cpu_count()} logical cores",
+                        fields["load average"])
     from exactdraft.kernels import cpu
     assert fields["simd level"] == cpu.simd_level()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,

@@ -5,9 +5,9 @@
 writes docs/benchmarks/verify_cost.txt: a header naming the exact command, the date (UTC), the
 machine (CPU model, logical cores, the cores this process may use), the load average (on a
 shared machine, how much else ran), the SIMD level exactdraft's CPU kernels run at, the commit
-measured (with "+ uncommitted changes" when exactdraft/ or benchmarks/ differ from it) and the
-Python and torch versions; then the command's stdout, byte for byte as it printed it (also
-streamed to this terminal); then its wall time.
+measured (with "+ uncommitted changes" and the files when exactdraft/, csrc/, setup.py or
+benchmarks/ differ from it) and the Python and torch versions; then the command's stdout, byte
+for byte as it printed it (also streamed to this terminal); then its wall time.
 
 The invariant it keeps: a record file exists only for a command that exited 0. The record is
 written to a temporary file beside its destination and renamed into place at the end, so a
@@ -32,8 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "benchmarks"
-# Changes here make a measurement differ from the commit it names.
-MEASURED_PATHS = ("exactdraft", "benchmarks")
+# Changes here make a measurement differ from the commit it names: the package, the C sources
+# its extension is built from, and the benchmarks.
+MEASURED_PATHS = ("exactdraft", "csrc", "setup.py", "benchmarks")
 
 
 def cpu_model() -> str:
@@ -77,17 +78,21 @@ def simd_level() -> str:
 
 
 def commit() -> str:
-    """HEAD, marked when tracked files under the measured paths differ from it."""
+    """HEAD, marked (naming the files) when tracked files under the measured paths differ
+    from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout
     try:
         head = git("rev-parse", "HEAD").strip()
-        changed = [line for line in git("status", "--porcelain", "--", *MEASURED_PATHS)
+        changed = [line[3:] for line in git("status", "--porcelain", "--", *MEASURED_PATHS)
                    .splitlines() if not line.startswith("??")]
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes" if changed else "")
+    if not changed:
+        return head
+    named = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"{head} + uncommitted changes ({named})"
 
 
 def load_average() -> str:

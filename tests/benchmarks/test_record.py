@@ -97,16 +97,21 @@ def test_the_commit_is_marked_when_measured_files_change(tmp_path, monkeypatch):
     git("init", "-q")
     (tmp_path / "exactdraft").mkdir()
     (tmp_path / "exactdraft" / "kernel.py").write_text("x = 1\n")
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "dot.c").write_text("int x;\n")
     (tmp_path / "notes.md").write_text("notes\n")
     git("add", ".")
     git("commit", "-qm", "first")
     monkeypatch.setattr(record, "ROOT", tmp_path)
     head = git("rev-parse", "HEAD")
     assert record.commit() == head
-    # Neither an untracked file nor a change outside exactdraft/ and benchmarks/ marks it.
+    # Neither an untracked file nor a change outside the measured paths marks it.
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "new.py").write_text("")
     (tmp_path / "notes.md").write_text("edited\n")
     assert record.commit() == head
     (tmp_path / "exactdraft" / "kernel.py").write_text("x = 2\n")
-    assert record.commit() == head + " + uncommitted changes"
+    assert record.commit() == head + " + uncommitted changes (exactdraft/kernel.py)"
+    (tmp_path / "csrc" / "dot.c").write_text("int y;\n")
+    assert record.commit() == (head + " + uncommitted changes (csrc/dot.c, "
+                               "exactdraft/kernel.py)")

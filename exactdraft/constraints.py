@@ -281,10 +281,17 @@ class ConstraintMatcher:
         """The tokenizer's tokens for the bytes the grammar forces next (up to `limit`), each
         allowed in sequence; empty where nothing is forced. Drafts, not certainties: see the
         module docstring."""
-        if self._stopped or self._ll.is_error():
+        if self._stopped or self._ll.is_error() or limit <= 0:
             return []
+        tokens = self._ll.compute_ff_tokens()
+        # llguidance holds back the last token of the forced bytes where a longer token could
+        # also start there (' "' before a string's first character): that token, the way the
+        # tokenizer spells all of them, is still the likeliest, and as a draft costs one row.
+        spelled = self._bridge.ll_tokenizer.tokenize_bytes(self._ll.compute_ff_bytes())
+        if len(spelled) > len(tokens) and spelled[:len(tokens)] == tokens:
+            tokens = spelled
         proposed = []
-        for token in self._ll.compute_ff_tokens()[:max(0, limit)]:
+        for token in tokens[:limit]:
             if not self._plain(token):
                 break
             proposed.append(token)

@@ -865,3 +865,22 @@ def test_forced_text_is_tokenized_once_and_handed_out_as_copies(monkeypatch):
     table("b")  # the memo is full: it starts over
     assert table("ab{") == first[:-1] and encoded == ["ab{", "a", "b", "ab{"]
     assert bridge_for(tokenizer).ll_tokenizer.tokenize_str("ab{") == first[:-1]
+
+
+@needs_smollm2
+def test_forced_tokens_include_the_one_llguidance_holds_back(smollm2_tokenizer):
+    """Before a string's first character llguidance's own fast-forward tokens stop short of
+    ' "' (a longer token may start there); forced() proposes it too, allowed in sequence."""
+    tokenizer = smollm2_tokenizer
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"], "additionalProperties": False}
+    matcher = new_matcher(Constraint.json_schema(schema), tokenizer)
+    held_back = matcher._ll.compute_ff_tokens()
+    forced = matcher.forced()
+    assert tokenizer.decode(held_back) == '{"name":'  # what llguidance alone gives
+    assert tokenizer.decode(forced) == '{"name": "' and forced[:len(held_back)] == held_back
+    assert matcher.valid_prefix(forced) == len(forced) and matcher.tokens == ()
+    assert matcher.forced(3) == forced[:3]
+    for token in forced:
+        matcher.consume(token)
+    assert matcher.forced() == [] and matcher.allowed().sum() > 1000  # the string is free

@@ -183,6 +183,7 @@ class ConstraintMatcher:
             [None]
         # llguidance writes each mask into this one buffer (32 ids a word), read at once.
         self._words = np.zeros((bridge.ll_tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+        self._words_at = self._words.ctypes.data  # the buffer never moves: its address, once
         self._tokens: list[int] = []
         self._stopped = False  # a stop token was consumed: the generation is over
 
@@ -387,7 +388,7 @@ class ConstraintMatcher:
         else:
             words = self._words
             # The same bits compute_bitmask returns, written into the matcher's own buffer.
-            self._ll.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            self._ll.unsafe_compute_mask_ptr(self._words_at, words.nbytes)
             # unpackbits writes 0/1 bytes: a fresh array read as bool, padded where the
             # model's vocabulary is wider than the tokenizer's (those ids are never allowed).
             mask = np.unpackbits(words.view(np.uint8), count=self._usable,

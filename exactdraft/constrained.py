@@ -45,12 +45,6 @@ def matcher_for(constraint: Any, tokenizer: Any, vocab_size: int,
     return constraint.matcher(tokenizer, vocab_size, stop_token_ids)
 
 
-def _apply_mask(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    # constraints.apply_mask without its checks: the mask is the matcher's own (a bool row of
-    # the vocabulary) and ConstraintRows has already refused one that allows nothing.
-    return np.where(allowed, np.asarray(row, dtype=np.float32), np.float32(-np.inf))
-
-
 class ConstraintRows:
     """A ConstraintMatcher (exactdraft.constraints) seen as a RowTransform for one generation
     whose first `n_prompt` tokens are the prompt."""
@@ -58,20 +52,44 @@ class ConstraintRows:
     def __init__(self, matcher: Any, n_prompt: int) -> None:
         self.matcher = matcher
         self.n_prompt = n_prompt
+        # A row of -inf to copy: the masked row where few ids are allowed (never written).
+        self._blank = np.full(matcher.vocab_size, -np.inf, dtype=np.float32)
+        self._blank.flags.writeable = False
 
     def __call__(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        allowed = self.at(history[self.n_prompt:]).allowed()
-        if not allowed.any():
+        matcher = self.at(history[self.n_prompt:])
+        if not matcher.any_allowed:
             raise NothingAllowed(f"the constraint allows no token at position {len(history)}")
-        return _apply_mask(row, allowed)
+        return self._apply_mask(np.asarray(row), matcher)
+
+    def _apply_mask(self, row: np.ndarray, matcher: Any) -> np.ndarray:
+        # constraints.apply_mask without its checks: the mask is the matcher's own and allows
+        # something (checked above). Each way gives the same fresh row, the row's float32
+        # values at the allowed ids and -inf elsewhere, in work that scales with the fewer of
+        # the allowed and the forbidden ids where those are few.
+        if row.shape == self._blank.shape:
+            ids = matcher.allowed_ids()
+            if ids is not None:
+                masked = self._blank.copy()
+                masked[ids] = row[ids]
+                return masked
+            banned = matcher.forbidden_ids()
+            if banned is not None:
+                masked = np.array(row, dtype=np.float32)  # a copy, always
+                masked[banned] = -np.inf
+                return masked
+        return np.where(matcher.allowed(), np.asarray(row, dtype=np.float32),
+                        np.float32(-np.inf))
 
     def at(self, output: Sequence[int]) -> Any:
         """The matcher after exactly `output` (the generated tokens of a prefix)."""
         matcher = self.matcher
-        held = matcher.tokens
+        held = matcher.consumed
+        if len(output) == len(held) and output == held:  # usually: a list equal to the list
+            return matcher
         common = min(len(held), len(output))
         # The prefixes usually agree but for the last few tokens: compare whole first.
-        if tuple(output[:common]) != held[:common]:
+        if list(output[:common]) != held[:common]:
             same = 0
             while held[same] == output[same]:
                 same += 1
@@ -95,7 +113,7 @@ class ConstraintRows:
         "stop" for a complete match that nothing may extend (no stop token is allowed to end
         it), "unsatisfiable" for an incomplete one; else None."""
         matcher = self.at(output)
-        if matcher.stopped or matcher.allowed().any():
+        if matcher.stopped or matcher.any_allowed:
             return None
         return "stop" if matcher.complete else "unsatisfiable"
 

@@ -28,6 +28,8 @@ import numpy as np
 from exactdraft.errors import ConstraintError, TokenizerError
 
 _SPACE = "\u2581"
+# Texts whose tokens a bridge remembers (llguidance asks for the same forced bytes often).
+TOKENIZED_TEXTS = 4096
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -129,10 +131,23 @@ class _TokenTable:
         self._by_bytes = {piece: i for i, piece in enumerate(tokens)
                           if piece and i not in specials}
         self._longest = max((len(piece) for piece in self._by_bytes), default=1)
+        # llguidance tokenizes the bytes a grammar forces while it computes masks, often the
+        # same text at several positions in a row and again in every generation under the same
+        # grammar: the answer is a function of the text, so it is kept (a bounded memo).
+        self._memo: dict[str, tuple[int, ...]] = {}
 
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
+        ids = self._memo.get(text)
+        if ids is None:
+            ids = tuple(self._encode(text))
+            if len(self._memo) >= TOKENIZED_TEXTS:
+                self._memo.clear()
+            self._memo[text] = ids
+        return list(ids)
+
+    def _encode(self, text: str) -> list[int]:
         data = text.encode("utf-8")
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if b"".join(self.tokens[i] for i in ids) == data:

@@ -38,6 +38,11 @@ from exactdraft.errors import ConstraintError
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # At most this many forced tokens are proposed at once.
 MAX_FORCED = 64
+# A mask that allows (or forbids) at most this many ids also keeps them as an index array:
+# applying it then writes that many values into a row of -inf (or that many -inf into a copy
+# of the row), a few microseconds instead of a select over the whole vocabulary. The same row
+# either way.
+SPARSE_IDS = 1024
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,13 @@ class ConstraintMatcher:
         # llguidance's eos when the caller does not count it as a stop.
         self._usable = min(vocab_size, bridge.size)
         self._ll_eos = bridge.eos_token_id
-        self._masks: list[np.ndarray | None] = [None]  # by number of tokens given to llguidance
+        # By number of tokens given to llguidance: (mask, allowed ids where few, forbidden ids
+        # where few), the ids None where there are more than SPARSE_IDS.
+        self._masks: list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None] = \
+            [None]
+        # llguidance writes each mask into this one buffer (32 ids a word), read at once.
+        self._words = np.zeros((bridge.ll_tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+        self._words_at = self._words.ctypes.data  # the buffer never moves: its address, once
         self._tokens: list[int] = []
         self._stopped = False  # a stop token was consumed: the generation is over
 
@@ -180,11 +191,34 @@ class ConstraintMatcher:
 
     def allowed(self) -> np.ndarray:
         """bool [vocab_size], read-only: the tokens that may come next."""
-        mask = self._masks[-1]
-        if mask is None:
-            mask = self._compute_mask()
-            self._masks[-1] = mask
-        return mask
+        entry = self._masks[-1]
+        if entry is None:
+            entry = self._masks[-1] = self._compute_mask()
+        return entry[0]
+
+    def allowed_ids(self) -> np.ndarray | None:
+        """The ids allowed() allows, ascending and read-only, where there are at most
+        SPARSE_IDS of them; None where there are more."""
+        entry = self._masks[-1]
+        if entry is None:
+            entry = self._masks[-1] = self._compute_mask()
+        return entry[1]
+
+    def forbidden_ids(self) -> np.ndarray | None:
+        """The ids allowed() forbids, ascending and read-only, where there are at most
+        SPARSE_IDS of them; None where there are more."""
+        entry = self._masks[-1]
+        if entry is None:
+            entry = self._masks[-1] = self._compute_mask()
+        return entry[2]
+
+    @property
+    def any_allowed(self) -> bool:
+        """Some token may come next (allowed().any(), from the cached ids where few)."""
+        entry = self._masks[-1]
+        if entry is None:
+            entry = self._masks[-1] = self._compute_mask()
+        return entry[1] is None or entry[1].size > 0
 
     @property
     def complete(self) -> bool:
@@ -199,18 +233,24 @@ class ConstraintMatcher:
     @property
     def dead(self) -> bool:
         """Nothing is allowed and the text is not a complete match: no way to finish it."""
-        return not self.complete and not self.allowed().any()
+        return not self.complete and not self.any_allowed
 
     def only_allowed(self) -> int | None:
         """The token, where exactly one is allowed: it is the draw at any temperature (a stop
         token included), so it can be drafted and is always kept."""
-        ids = np.flatnonzero(self.allowed())
-        return int(ids[0]) if ids.size == 1 else None
+        ids = self.allowed_ids()
+        return int(ids[0]) if ids is not None and ids.size == 1 else None
 
     @property
     def tokens(self) -> tuple[int, ...]:
         """The tokens consumed so far."""
         return tuple(self._tokens)
+
+    @property
+    def consumed(self) -> list[int]:
+        """The tokens consumed so far, as the matcher's own list: read it, never change it
+        (`tokens` is the copy)."""
+        return self._tokens
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` are allowed one after another from here."""
@@ -242,10 +282,17 @@ class ConstraintMatcher:
         """The tokenizer's tokens for the bytes the grammar forces next (up to `limit`), each
         allowed in sequence; empty where nothing is forced. Drafts, not certainties: see the
         module docstring."""
-        if self._stopped or self._ll.is_error():
+        if self._stopped or self._ll.is_error() or limit <= 0:
             return []
+        tokens = self._ll.compute_ff_tokens()
+        # llguidance holds back the last token of the forced bytes where a longer token could
+        # also start there (' "' before a string's first character): that token, the way the
+        # tokenizer spells all of them, is still the likeliest, and as a draft costs one row.
+        spelled = self._bridge.ll_tokenizer.tokenize_bytes(self._ll.compute_ff_bytes())
+        if len(spelled) > len(tokens) and spelled[:len(tokens)] == tokens:
+            tokens = spelled
         proposed = []
-        for token in self._ll.compute_ff_tokens()[:max(0, limit)]:
+        for token in tokens[:limit]:
             if not self._plain(token):
                 break
             proposed.append(token)
@@ -282,8 +329,8 @@ class ConstraintMatcher:
             self._tokens.append(token)
             return
         # The mask, where this position's is already computed, answers without llguidance.
-        mask = self._masks[-1]
-        allowed = bool(mask[token]) if mask is not None and 0 <= token < mask.size else \
+        entry = self._masks[-1]
+        allowed = bool(entry[0][token]) if entry is not None and 0 <= token < entry[0].size else \
             self._plain(token) and self._ll.validate_tokens([token]) == 1
         if not allowed or not self._plain(token):
             raise ConstraintError(f"token {token} is not allowed by the {self.constraint.kind} "
@@ -334,25 +381,34 @@ class ConstraintMatcher:
                                   f"{self._ll.get_error()}")
         del self._masks[-n:]
 
-    def _compute_mask(self) -> np.ndarray:
+    def _compute_mask(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(allowed(), allowed_ids(), forbidden_ids()) at this position, all read-only."""
         if self._stopped or self._ll.is_error():
             mask = np.zeros(self.vocab_size, dtype=bool)
-            mask.flags.writeable = False
-            return mask
-        words = np.frombuffer(self._ll.compute_bitmask(), dtype=np.uint8)
-        # unpackbits writes 0/1 bytes: a fresh array read as bool, padded where the model's
-        # vocabulary is wider than the tokenizer's (those ids are never allowed).
-        mask = np.unpackbits(words, count=self._usable, bitorder="little").view(np.bool_)
-        if self._usable < self.vocab_size:
-            mask = np.concatenate([mask, np.zeros(self.vocab_size - self._usable, bool)])
-        if self._ll.is_error():  # the mask step ran out of its budget (ParserTooComplex)
-            mask[:] = False
-        if 0 <= self._ll_eos < self.vocab_size:
-            mask[self._ll_eos] = False
-        if self._stops.size:
-            mask[self._stops] = self._ll.is_accepting()
+        else:
+            words = self._words
+            # The same bits compute_bitmask returns, written into the matcher's own buffer.
+            self._ll.unsafe_compute_mask_ptr(self._words_at, words.nbytes)
+            # unpackbits writes 0/1 bytes: a fresh array read as bool, padded where the
+            # model's vocabulary is wider than the tokenizer's (those ids are never allowed).
+            mask = np.unpackbits(words.view(np.uint8), count=self._usable,
+                                 bitorder="little").view(np.bool_)
+            if self._usable < self.vocab_size:
+                mask = np.concatenate([mask, np.zeros(self.vocab_size - self._usable, bool)])
+            if self._ll.is_error():  # the mask step ran out of its budget (ParserTooComplex)
+                mask[:] = False
+            if 0 <= self._ll_eos < self.vocab_size:
+                mask[self._ll_eos] = False
+            if self._stops.size:
+                mask[self._stops] = self._ll.is_accepting()
         mask.flags.writeable = False
-        return mask
+        count = np.count_nonzero(mask)
+        ids = np.flatnonzero(mask) if count <= SPARSE_IDS else None
+        banned = np.flatnonzero(~mask) if mask.size - count <= SPARSE_IDS else None
+        for array in (ids, banned):
+            if array is not None:
+                array.flags.writeable = False
+        return mask, ids, banned
 
 
 def apply_mask(logits_row: np.ndarray, allowed: np.ndarray) -> np.ndarray:

@@ -184,3 +184,65 @@ def test_negative_control_a_stale_mask_on_verify_rows_breaks_exactness(smollm2):
             except json.JSONDecodeError:
                 differing += 1
     assert differing > 0
+
+
+def awkward_row(rng, size, dtype=np.float32):
+    """Logits with NaN, -0.0, +-inf and huge values among normal ones."""
+    row = rng.standard_normal(size).astype(dtype)
+    spots = rng.choice(size, 400, replace=False)
+    row[spots[:100]] = np.nan
+    row[spots[100:200]] = -0.0
+    row[spots[200:300]] = np.inf
+    row[spots[300:]] = -np.inf
+    row[rng.choice(size, 50)] = np.finfo(np.float32).max
+    return row
+
+
+def walk_rows(smollm2, mutate=None):
+    """ConstraintRows' rows along a generated JSON text against apply_mask's, bit for bit;
+    returns how many rows took each way (few allowed ids, few forbidden ids, neither)."""
+    from exactdraft.constrained import ConstraintRows
+    from exactdraft.constraints import apply_mask
+
+    target, tokenizer = smollm2
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 37},
+                                               "n": {"type": "integer"}},
+              "required": ["note", "n"], "additionalProperties": False}
+    constraint = Constraint.json_schema(schema)
+    text = '{"note": "a free text, with some words in it", "n": 31}'
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    matcher = constraint.matcher(tokenizer, target.vocab_size, tokenizer.stop_token_ids)
+    rows = ConstraintRows(matcher, n_prompt=3)
+    reference = constraint.matcher(tokenizer, target.vocab_size, tokenizer.stop_token_ids)
+    rng = np.random.default_rng(0)
+    ways = {"allowed": 0, "forbidden": 0, "neither": 0}
+    history = [7, 8, 9]
+    for index, token in enumerate(tokens):
+        raw = awkward_row(rng, target.vocab_size, np.float64 if index % 5 == 4 else np.float32)
+        kept = raw.copy()
+        got = rows(raw, history)
+        want = apply_mask(raw, reference.allowed())
+        if mutate is not None:
+            got = mutate(got)
+        assert got.dtype == np.float32 and got.tobytes() == want.tobytes(), index
+        assert raw.tobytes() == kept.tobytes()  # the input row is not written
+        got[:] = 0.0  # a fresh array: nothing the next row is built from
+        ways["allowed" if matcher.allowed_ids() is not None else
+             "forbidden" if matcher.forbidden_ids() is not None else "neither"] += 1
+        history.append(token)
+        reference.consume(token)
+    return ways
+
+
+def test_constraint_rows_are_apply_mask_bit_for_bit(smollm2):
+    ways = walk_rows(smollm2)
+    assert all(ways.values()), ways
+
+
+def test_negative_control_a_row_masked_by_adding_zero_is_caught(smollm2):
+    """row + 0 turns -0.0 into +0.0 (and keeps NaN where -inf belongs): the comparison sees it."""
+    def add_zero(row):
+        return (row + np.float32(0.0)).astype(np.float32)
+
+    with pytest.raises(AssertionError):
+        walk_rows(smollm2, add_zero)

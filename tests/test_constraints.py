@@ -28,7 +28,7 @@ from tests.conftest import needs_smollm2
 llguidance = pytest.importorskip("llguidance")
 
 from exactdraft.constraint_tokens import token_bytes  # noqa: E402
-from exactdraft.constraints import Constraint, apply_mask, parse_json  # noqa: E402
+from exactdraft.constraints import SPARSE_IDS, Constraint, apply_mask, parse_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAW_PATHS = [pytest.param(False, id="numpy"),
@@ -756,3 +756,131 @@ def test_gemma3_token_bytes_and_json(gemma_tokenizer):
     jsonschema.validate(parse_json(text_of(gemma_tokenizer, tokens)), ORDER_SCHEMA)
     matcher.rollback(len(tokens) // 2)
     assert matcher.allowed().tobytes() == masks[len(tokens) - len(tokens) // 2].tobytes()
+
+
+# -- masks computed into the matcher's buffer, with their sparse ids ----------------------------
+
+def reference_masks(constraint, tokenizer, vocab_size, tokens):
+    """The mask before each token of `tokens` as compute_bitmask gives it (llguidance's own
+    bytes, unpacked, llguidance's eos off, the stops on where the text is complete)."""
+    from exactdraft.constraint_tokens import bridge_for
+
+    bridge = bridge_for(tokenizer)
+    ll = llguidance.LLMatcher(bridge.ll_tokenizer, constraint.llguidance_grammar, log_level=0)
+    stops = list(tokenizer.stop_token_ids)
+    masks = []
+    for token in tokens:
+        bits = np.unpackbits(np.frombuffer(ll.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[:min(bridge.size, vocab_size)].astype(bool)
+        mask = np.zeros(vocab_size, dtype=bool)
+        mask[:bits.size] = bits
+        mask[bridge.eos_token_id] = False
+        mask[stops] = ll.is_accepting()
+        masks.append(mask)
+        if token in stops:
+            break
+        assert ll.consume_token(token)
+    return masks
+
+
+NOTE_SCHEMA = {"type": "object", "properties": {
+    "note": {"type": "string", "maxLength": 80}, "n": {"type": "integer", "maximum": 999}},
+    "required": ["note", "n"], "additionalProperties": False}
+
+
+def check_masks_and_ids(matcher, expected, tokens):
+    """allowed() equals each expected mask bit for bit; allowed_ids() and forbidden_ids() are
+    its ids where few. Returns how often each kind of ids was there."""
+    kinds = {"allowed": 0, "forbidden": 0, "neither": 0}
+    for mask, token in zip(expected, tokens):
+        assert matcher.allowed().tobytes() == mask.tobytes()
+        ids, banned = matcher.allowed_ids(), matcher.forbidden_ids()
+        if ids is not None:
+            assert ids.tobytes() == np.flatnonzero(mask).tobytes() and not ids.flags.writeable
+            kinds["allowed"] += 1
+        if banned is not None:
+            assert banned.tobytes() == np.flatnonzero(~mask).tobytes()
+            kinds["forbidden"] += 1
+        if ids is None and banned is None:
+            assert SPARSE_IDS < mask.sum() < mask.size - SPARSE_IDS
+            kinds["neither"] += 1
+        assert matcher.any_allowed == bool(mask.any())
+        matcher.consume(token)
+    return kinds
+
+
+@needs_smollm2
+@pytest.mark.parametrize("extra", [0, 40])
+def test_masks_are_llguidances_bitmask(smollm2_tokenizer, extra):
+    """Masks written into the matcher's buffer are compute_bitmask's, padding ids off, along a
+    walk that meets few allowed ids, few forbidden ones (in a long free string), and neither."""
+    tokenizer = smollm2_tokenizer
+    constraint = Constraint.json_schema(NOTE_SCHEMA)
+    tokens, _ = drive(new_matcher(constraint, tokenizer), np.random.default_rng(4))
+    size = tokenizer.vocab_size + extra
+    expected = reference_masks(constraint, tokenizer, size, tokens)
+    kinds = check_masks_and_ids(new_matcher(constraint, tokenizer, extra), expected, tokens)
+    assert kinds["allowed"] and kinds["forbidden"] and kinds["neither"], kinds
+
+
+@needs_smollm2
+def test_negative_control_masks_of_the_wrong_position_are_caught(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
+    constraint = Constraint.json_schema(ORDER_SCHEMA)
+    tokens, _ = drive(new_matcher(constraint, tokenizer), np.random.default_rng(4))
+    expected = reference_masks(constraint, tokenizer, tokenizer.vocab_size, tokens)
+    with pytest.raises(AssertionError):
+        check_masks_and_ids(new_matcher(constraint, tokenizer), expected[1:], tokens)
+
+
+def test_masks_of_a_vocabulary_not_a_multiple_of_32():
+    """The toy SentencePiece vocabulary (268 ids): the buffer's last word is partly used."""
+    tokenizer, pieces = toy_sentencepiece_tokenizer()
+    assert len(pieces) % 32
+    constraint = Constraint.regex(r"(ab|a|b)\{[ab]{1,3}\}")
+    matcher = constraint.matcher(tokenizer, len(pieces), [2])
+    tokens, _ = drive(matcher, np.random.default_rng(0))
+    expected = reference_masks(constraint, tokenizer, len(pieces), tokens)
+    assert len(expected) == len(tokens)
+    check_masks_and_ids(constraint.matcher(tokenizer, len(pieces), [2]), expected, tokens)
+
+
+def test_forced_text_is_tokenized_once_and_handed_out_as_copies(monkeypatch):
+    from exactdraft import constraint_tokens
+    from exactdraft.constraint_tokens import bridge_for
+
+    tokenizer, pieces = toy_sentencepiece_tokenizer()
+    table = constraint_tokens._TokenTable(constraint_tokens._backend(tokenizer),
+                                          *token_bytes(tokenizer), 2, 1)
+    encoded = []
+    original = table._encode
+    monkeypatch.setattr(table, "_encode", lambda text: encoded.append(text) or original(text))
+    first = table("ab{")
+    assert b"".join(table.tokens[i] for i in first) == b"ab{"
+    first.append(0)  # the caller's list: the next answer is unchanged
+    assert table("ab{") == first[:-1] and table(b"ab{") == first[:-1]
+    assert encoded == ["ab{"]
+    monkeypatch.setattr(constraint_tokens, "TOKENIZED_TEXTS", 2)
+    table("a")
+    table("b")  # the memo is full: it starts over
+    assert table("ab{") == first[:-1] and encoded == ["ab{", "a", "b", "ab{"]
+    assert bridge_for(tokenizer).ll_tokenizer.tokenize_str("ab{") == first[:-1]
+
+
+@needs_smollm2
+def test_forced_tokens_include_the_one_llguidance_holds_back(smollm2_tokenizer):
+    """Before a string's first character llguidance's own fast-forward tokens stop short of
+    ' "' (a longer token may start there); forced() proposes it too, allowed in sequence."""
+    tokenizer = smollm2_tokenizer
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"], "additionalProperties": False}
+    matcher = new_matcher(Constraint.json_schema(schema), tokenizer)
+    held_back = matcher._ll.compute_ff_tokens()
+    forced = matcher.forced()
+    assert tokenizer.decode(held_back) == '{"name":'  # what llguidance alone gives
+    assert tokenizer.decode(forced) == '{"name": "' and forced[:len(held_back)] == held_back
+    assert matcher.valid_prefix(forced) == len(forced) and matcher.tokens == ()
+    assert matcher.forced(3) == forced[:3]
+    for token in forced:
+        matcher.consume(token)
+    assert matcher.forced() == [] and matcher.allowed().sum() > 1000  # the string is free

@@ -27,8 +27,9 @@ from tests.conftest import needs_smollm2
 
 llguidance = pytest.importorskip("llguidance")
 
+from exactdraft.constraint_matcher import SPARSE_IDS  # noqa: E402
 from exactdraft.constraint_tokens import token_bytes  # noqa: E402
-from exactdraft.constraints import SPARSE_IDS, Constraint, apply_mask, parse_json  # noqa: E402
+from exactdraft.constraints import Constraint, apply_mask, parse_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAW_PATHS = [pytest.param(False, id="numpy"),

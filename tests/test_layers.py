@@ -25,7 +25,8 @@ RANKS = {
     "models": 5,
     "loading": 5,
     "sampling": 6, "sampling_native": 6, "prompts": 6, "stops": 6, "pretrained": 6,
-    "sampling_params": 6, "constraints": 6, "constraint_tokens": 6, "tool_calls": 6,
+    "sampling_params": 6, "constraints": 6, "constraint_matcher": 6, "constraint_tokens": 6,
+    "tool_calls": 6,
     "tool_readers": 6,
     "parallel": 5.5,  # a Target over ranks: models on a gathering backend
     "guard": 7, "depth": 7, "verify": 7, "drafters": 7, "drafting": 7, "constrained": 7,

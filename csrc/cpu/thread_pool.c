@@ -4,8 +4,12 @@
  * depends on that, so kernels give the same bits for every thread count.
  *
  * Items are claimed from one atomic word holding (job generation << 32 | next item), so a worker
- * that wakes late can never claim an item of a job that has finished or been replaced. The
- * caller works on its own job and waits only for the items, never for sleeping workers to wake.
+ * that wakes late can never claim an item of a job that has finished or been replaced: a new job
+ * first moves the word to a closed generation, then sets its task and count, then opens its own
+ * generation, so a claim always checks a count against the word of the same job, and a job
+ * counts exactly its own items done (were a stale claim to count, the caller could return while
+ * an item still runs). The caller works on its own job and waits only for the items, never for
+ * sleeping workers to wake.
  * Idle workers spin briefly (kernel calls come in quick succession during generation), then
  * sleep on a condition variable.
  */
@@ -21,6 +25,8 @@
 #include <unistd.h>
 
 #define SPIN_NANOSECONDS 100000L
+/* The item index of a closed job: no job has this many items. */
+#define CLOSED 0xffffffffu
 
 struct pool {
     pthread_mutex_t submit;     /* one job at a time */
@@ -195,11 +201,18 @@ void pool_run(pool_task task, void *context, ptrdiff_t items)
         pthread_mutex_unlock(&pool.submit);
         return;
     }
+    /* Close the previous job before touching what describes a job: a worker that read its
+     * last word before this store then fails its claim, so it can never run or count an item
+     * of the job set up below (a claim checks the new count against a word of the old job
+     * only if `next` still holds that word). CLOSED is past any count, so a worker that sees
+     * the closing generation claims nothing. */
+    uint32_t generation = generation_of(atomic_load(&pool.next)) + 1;
+    atomic_store(&pool.next, (uint64_t)generation << 32 | CLOSED);
     pool.task = task;
     pool.context = context;
     atomic_store_explicit(&pool.items, items, memory_order_relaxed);
     atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
-    uint32_t generation = generation_of(atomic_load(&pool.next)) + 1;
+    generation += 1;
     atomic_store(&pool.next, (uint64_t)generation << 32);
     if (atomic_load(&pool.sleepers) > 0) {
         pthread_mutex_lock(&pool.sleep_lock);

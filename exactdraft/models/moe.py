@@ -20,6 +20,7 @@ experts or how many rows share the pass.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,9 +102,7 @@ class MoEBlock:
         inner = x if self.latent_in is None else be.linear(x, self.latent_in)
         rows_in = be.to_host(inner)
         total = np.zeros(rows_in.shape, dtype=F32)
-        for expert in np.unique(chosen):
-            rows, slots = np.nonzero(chosen == expert)
-            out = be.to_host(self.experts[int(expert)].run(be, be.vector(rows_in[rows])))
+        for rows, slots, out in self.expert_outputs(be, rows_in, chosen):
             total[rows] = total[rows] + out * weights[rows, slots][:, None]
         routed = be.vector(total)
         if self.latent_out is not None:
@@ -117,6 +116,15 @@ class MoEBlock:
             shared = be.vector(be.to_host(shared) * sigmoid32(host[:, experts:first]))
         return routed + shared
 
+
+    def expert_outputs(self, be: Backend, rows_in: np.ndarray,
+                       chosen: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+        """(rows, slots, output rows [len(rows), H] on the host) of every routed expert, in
+        increasing expert index: the order `run` adds them in, whoever computes them."""
+        for expert in np.unique(chosen):
+            rows, slots = np.nonzero(chosen == expert)
+            yield rows, slots, be.to_host(self.experts[int(expert)].run(
+                be, be.vector(rows_in[rows])))
 
 def make_moe_block(be: Backend, router: Any, settings: RouterSettings, experts: list[DenseMLP],
                    shared: tuple[Any, Any] | None = None, shared_gate: Any = None,

@@ -7,22 +7,24 @@ router logits (models/moe.py's `route`), so every rank picks the same experts an
 many rows each one gets. An expert's output rows are computed by its one rank with the wrapped
 backend on the expert's whole matrices (each element a whole dot product, the K order fixed by
 K and the format alone: backend.py), so they are TP=1's; the gather is a copy. The weighted sum
-is then models/moe.py's exactly: starting from zero, each row adds its experts' outputs times
-their float32 weights in increasing expert index, then the shared expert last. The router and
+is models/moe.py's own code (MoEBlock.run; this class replaces only `expert_outputs`): starting
+from zero, each row adds its experts' outputs times their float32 weights in increasing expert
+index, then the shared expert last. The router and
 shared-expert rows, the shared expert's down projection and the latent projections stay
 column-split (backend.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from exactdraft.models.mixers import DenseMLP
-from exactdraft.models.moe import MoEBlock, route
-from exactdraft.models.recurrent import F32, sigmoid32
+from exactdraft.models.moe import MoEBlock
+from exactdraft.models.recurrent import F32
 
 
 def expert_ranges(experts: int, world_size: int) -> list[tuple[int, int]]:
@@ -38,16 +40,12 @@ class ExpertParallelMoE(MoEBlock):
     ranges: list[tuple[int, int]] = None  # type: ignore[assignment]
     group: Any = None
 
-    def run(self, be: Any, x: Any, ctx: Any = None) -> Any:
-        experts = self.settings.num_experts
-        entry = be.linear(x, self.entry)
-        host = be.to_host(entry)
-        chosen, weights = route(self.settings, host[:, :experts], self.correction_bias)
-        inner = x if self.latent_in is None else be.linear(x, self.latent_in)
-        rows_in = be.to_host(inner)
+    def expert_outputs(self, be: Any, rows_in: np.ndarray,
+                       chosen: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+        """MoEBlock's expert outputs, in its order: this rank's experts run on their rows, then
+        every rank's output rows, gathered in expert order (a copy)."""
         routed_experts = [int(e) for e in np.unique(chosen)]
         routed_rows = {e: np.nonzero(chosen == e) for e in routed_experts}
-        # This rank's experts on their rows, in expert order; then every rank's, gathered.
         start, end = self.ranges[self.group.rank]
         mine = [be.to_host(self.experts[e].run(be, be.vector(rows_in[routed_rows[e][0]])))
                 for e in routed_experts if start <= e < end]
@@ -55,25 +53,11 @@ class ExpertParallelMoE(MoEBlock):
         counts = [sum(routed_rows[e][0].size for e in routed_experts if a <= e < b)
                   for a, b in self.ranges]
         gathered = self.group.all_gather_rows(local, counts)
-        total = np.zeros(rows_in.shape, dtype=F32)
         first = 0
-        for expert in routed_experts:  # models/moe.py's sum, in its order
+        for expert in routed_experts:
             rows, slots = routed_rows[expert]
-            out = gathered[first:first + rows.size]
+            yield rows, slots, gathered[first:first + rows.size]
             first += rows.size
-            total[rows] = total[rows] + out * weights[rows, slots][:, None]
-        routed = be.vector(total)
-        if self.latent_out is not None:
-            routed = be.linear(routed, self.latent_out)
-        if self.shared_down is None:
-            return routed
-        first = experts + self.shared_gated
-        shared = DenseMLP(None, self.shared_down, self.shared_activation).finish(
-            be, be.concatenate([entry[:, first:]]))
-        if self.shared_gated:
-            shared = be.vector(be.to_host(shared) * sigmoid32(host[:, experts:first]))
-        return routed + shared
-
 
 def stored_experts(checkpoint: Any, index: int, block: MoEBlock) -> list[DenseMLP]:
     """Layer `index`'s experts with their weights as the checkpoint stores them (the families'

@@ -5,17 +5,15 @@ negative control)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from exactdraft.parallel.experts import expert_ranges
-from tests.parallel.scenarios import PREFIX, same_bits
-from tests.parallel.test_tensor_parallel import run_both
+from tests.parallel.scenarios import same_bits
+from tests.parallel.test_tensor_parallel import check_summed_control, run_both
 
 
 def test_two_ranks_with_whole_experts_write_the_bits_of_one_and_summed_experts_do_not(
         tmp_path):
-    from exactdraft.pretrained import build_target, load_checkpoint
     from tests.conftest import build_tiny_checkpoint
     from tests.hybrid_checkpoints import HYBRID_VARIANTS
 
@@ -28,12 +26,7 @@ def test_two_ranks_with_whole_experts_write_the_bits_of_one_and_summed_experts_d
     parallel, single, outcome = run_both(model, str(runs), control="experts")
     assert outcome["experts"] == [[0, 1]]  # rank 0 holds experts 0 and 1 of the MoE layer
     assert same_bits(parallel, single) == []
-    target = build_target(load_checkpoint(model), "torch")
-    exact = target.forward(target.new_state(), PREFIX, rows="all")
-    assert exact.tobytes() == single["prefill"].tobytes()
-    summed = np.load(str(runs / "row_parallel.npy"))
-    assert summed.tobytes() != exact.tobytes()
-    assert np.abs(summed - exact).max() < 1e-3 * np.abs(exact).max()  # the same model
+    check_summed_control(model, runs, single)
 
 
 @pytest.mark.parametrize(("experts", "ranks", "ranges"), [

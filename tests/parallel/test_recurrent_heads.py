@@ -19,8 +19,8 @@ from exactdraft.parallel.recurrent_heads import (
     split_deltanet,
     split_mamba,
 )
-from tests.parallel.scenarios import PREFIX, same_bits
-from tests.parallel.test_tensor_parallel import run_both
+from tests.parallel.scenarios import same_bits
+from tests.parallel.test_tensor_parallel import check_summed_control, run_both
 
 # (variant, the rank's recurrent state shapes at TP=2: (conv state, recurrent state) per layer)
 HYBRIDS = {
@@ -34,7 +34,6 @@ HYBRIDS = {
 @pytest.mark.parametrize("variant", list(HYBRIDS))
 def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_path,
                                                                               variant):
-    from exactdraft.pretrained import build_target, load_checkpoint
     from tests.hybrid_checkpoints import build_hybrid_checkpoint
 
     model = build_hybrid_checkpoint(str(tmp_path / "model"), variant)
@@ -54,12 +53,7 @@ def test_two_ranks_write_the_bits_of_one_with_the_recurrence_split_by_heads(tmp_
     assert np.array_equal(single["tokens_lookup"], single["tokens_serial"])
     assert np.array_equal(parallel["tokens_self_drafted"], parallel["tokens_serial"])
     # Negative control: all-reducing partial out projections changes the logits' bits.
-    target = build_target(load_checkpoint(model), "torch")
-    exact = target.forward(target.new_state(), PREFIX, rows="all")
-    assert exact.tobytes() == single["prefill"].tobytes()
-    summed = np.load(str(runs / "row_parallel.npy"))
-    assert summed.tobytes() != exact.tobytes()
-    assert np.abs(summed - exact).max() < 1e-3 * np.abs(exact).max()  # the same model
+    check_summed_control(model, runs, single)
 
 
 def deltanet(key_heads: int, value_heads: int) -> GatedDeltaNet:

@@ -2,12 +2,13 @@
 
 Side by side in one process, for one schema (an object of 10 fixed keys with enums, numbers,
 bounded strings and two nested objects): decode tokens/s of the serial run and of the drafted
-run (the tokens the schema forces verified as drafts, with and without prompt lookup), the
-ratio, whether the tokens were identical; the constraint's cost per serial decode step (every
-call into the constraint during a serial run: masks, the row transform, the end check, timed
-against the step); and over --seeds seeds at temperature 0.8, how many outputs parse and validate.
+run (the tokens the schema forces verified as drafts, with and without prompt lookup), run in
+turn within each repeat; their medians' ratio and the spread of each repeat's ratio; whether
+the tokens were identical; the constraint's cost per serial decode step (every call into the
+constraint during a serial run: masks, the row transform, the end check, timed against the
+step); and over --seeds seeds at temperature 0.8, how many outputs parse and validate.
 
-    python benchmarks/json_extract.py [--tokens 256] [--repeats 3] [--seeds 50]
+    python benchmarks/json_extract.py [--tokens 256] [--repeats 5] [--seeds 50]
 """
 
 from __future__ import annotations
@@ -56,13 +57,20 @@ ASK = [{"role": "user", "content": "Extract the invoice below as JSON with the f
                                    "seller, buyer, payment_terms and notes.\n\n" + DOCUMENT}]
 
 
-def timed(generator, tokens: int, repeats: int, **options):
-    """(median decode tokens/s, the last result) over `repeats` runs."""
-    speeds, result = [], None
-    for _ in range(repeats):
-        result = generator.generate(ASK, tokens, temperature=0.0, **options)
-        speeds.append(result.stats.tokens_per_second)
-    return statistics.median(speeds), result
+def timed_side_by_side(runs: dict, tokens: int, repeats: int) -> dict:
+    """{name: (decode tokens/s of each repeat, the last result)} for runs {name: (generator,
+    options)}, run in turn within each repeat (the order rotated every repeat), so a change in
+    the machine's speed during the benchmark lands on every run alike."""
+    names = list(runs)
+    speeds: dict = {name: [] for name in names}
+    results: dict = {}
+    for repeat in range(repeats):
+        order = names[repeat % len(names):] + names[:repeat % len(names)]
+        for name in order:
+            generator, options = runs[name]
+            results[name] = generator.generate(ASK, tokens, temperature=0.0, **options)
+            speeds[name].append(results[name].stats.tokens_per_second)
+    return {name: (speeds[name], results[name]) for name in names}
 
 
 def constraint_cost(generator, constraint, tokens: int) -> tuple[float, float, float]:
@@ -103,7 +111,7 @@ def constraint_cost(generator, constraint, tokens: int) -> tuple[float, float, f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seeds", type=int, default=50)
     args = parser.parse_args()
 
@@ -118,18 +126,25 @@ def main() -> int:
     lookup = xd.Generator.from_pretrained(None, drafter=xd.PromptLookup())
     print(f"SIMD level: {cpu.simd_level()}; SmolLM2-135M-Instruct Q4_1; "
           f"{args.tokens} tokens, median of {args.repeats}")
-    serial_speed, serial = timed(plain, args.tokens, args.repeats, constraint=constraint,
-                                 drafts=False)
-    forced_speed, forced = timed(plain, args.tokens, args.repeats, constraint=constraint)
-    both_speed, both = timed(lookup, args.tokens, args.repeats, constraint=constraint)
-    unconstrained_speed, _ = timed(plain, args.tokens, args.repeats, drafts=False)
+    measured = timed_side_by_side({
+        "serial": (plain, {"constraint": constraint, "drafts": False}),
+        "forced drafts": (plain, {"constraint": constraint}),
+        "forced + lookup": (lookup, {"constraint": constraint}),
+        "unconstrained serial": (plain, {"drafts": False})}, args.tokens, args.repeats)
+    serial_speeds, serial = measured["serial"]
+    serial_speed = statistics.median(serial_speeds)
     print(f"serial (constrained)       {serial_speed:7.1f} tok/s  "
           f"{serial.stats.target_passes} passes, finish {serial.finish_reason}")
-    for name, speed, result in (("forced drafts", forced_speed, forced),
-                                ("forced + lookup", both_speed, both)):
-        print(f"{name:<26} {speed:7.1f} tok/s  {speed / serial_speed:5.2f}x serial  "
+    for name in ("forced drafts", "forced + lookup"):
+        speeds, result = measured[name]
+        speed = statistics.median(speeds)
+        # The same repeat's runs ran back to back: their ratios show the spread.
+        ratios = [a / b for a, b in zip(speeds, serial_speeds)]
+        print(f"{name:<26} {speed:7.1f} tok/s  {speed / serial_speed:5.2f}x serial "
+              f"(per repeat {min(ratios):.2f}-{max(ratios):.2f}x)  "
               f"{result.stats.tokens_per_pass:.2f} tokens/pass  identical: "
               f"{result.tokens == serial.tokens}")
+    unconstrained_speed = statistics.median(measured["unconstrained serial"][0])
     print(f"unconstrained serial       {unconstrained_speed:7.1f} tok/s")
     cost, masks, step = constraint_cost(plain, constraint, args.tokens)
     print(f"constraint cost inside a serial run: {1000 * cost:.3f} ms per token against "

@@ -400,15 +400,17 @@ class Generator:
                              self.depth_policy, forced)
 
     def forced_window(self) -> int:
-        """How many tokens a constraint forces may be verified in one pass: the drafter's
-        proven window, or (with no drafter) FORCED_WINDOW once the guard has proven a pass of
-        that many rows on first use; 0 where the guard found passes inexact."""
-        if self.drafter is not None:
-            return self.max_draft if self.drafting_enabled else 0
+        """How many tokens a constraint forces may be verified in one pass: the wider of the
+        drafter's proven window and FORCED_WINDOW, a window the guard proves on first use
+        (else the drafter's alone); 0 where the guard found the drafter's passes inexact."""
+        if self.drafter is not None and not self.drafting_enabled:
+            return 0
+        if self.max_draft >= FORCED_WINDOW:
+            return self.max_draft
         if self._forced_note is None:
             note = check_row_invariance(self.target, FORCED_WINDOW + 1) if self.guard else None
             self._forced_note = note or ""
-        return 0 if self._forced_note else FORCED_WINDOW
+        return self.max_draft if self._forced_note else FORCED_WINDOW
 
     def _chunks(self, run: Run, stream_text: bool) -> Iterator[Chunk]:
         """One sequence, one pass at a time; each step runs under the lock."""

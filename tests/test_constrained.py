@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import exactdraft as xd
+from exactdraft.constrained import FORCED_WINDOW
+from exactdraft.decoding import Decoding
 from exactdraft.engine import Engine
 from exactdraft.verify import ExactVerifier
 
@@ -91,6 +93,28 @@ def test_forced_tokens_are_verified_drafts_and_cut_the_passes(generators):
     assert drafted.tokens == serial.tokens
     assert drafted.stats.forced == drafted.stats.drafted > 0
     assert drafted.stats.target_passes < serial.stats.target_passes
+
+
+def test_a_drafter_with_a_narrow_window_leaves_forced_runs_their_own_window(smollm2,
+                                                                           monkeypatch):
+    target, tokenizer = smollm2
+    narrow = xd.Generator(target, xd.PromptLookup(max_draft=2, min_match=1),
+                          tokenizer=tokenizer, adaptive_depth=False, strict=True)
+    assert narrow.forced_window() == FORCED_WINDOW > narrow.max_draft
+    widths = []
+    plan = Decoding.plan
+
+    def recording(self, *args, **kwargs):
+        planned = plan(self, *args, **kwargs)
+        if self.forced:
+            widths.append(len(self.drafts))
+        return planned
+
+    monkeypatch.setattr(Decoding, "plan", recording)
+    drafted = narrow.generate(ASK, 80, temperature=0.0, constraint=KINDS["json"])
+    serial = narrow.generate(ASK, 80, temperature=0.0, constraint=KINDS["json"], drafts=False)
+    assert drafted.tokens == serial.tokens
+    assert max(widths) > narrow.max_draft  # forced runs wider than the drafter's drafts
 
 
 def test_logprobs_are_of_the_constrained_distribution(generators):

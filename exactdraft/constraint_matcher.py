@@ -65,34 +65,23 @@ class ConstraintMatcher:
 
     def allowed(self) -> np.ndarray:
         """bool [vocab_size], read-only: the tokens that may come next."""
-        entry = self._masks[-1]
-        if entry is None:
-            entry = self._masks[-1] = self._compute_mask()
-        return entry[0]
+        return self._mask_entry()[0]
 
     def allowed_ids(self) -> np.ndarray | None:
         """The ids allowed() allows, ascending and read-only, where there are at most
         SPARSE_IDS of them; None where there are more."""
-        entry = self._masks[-1]
-        if entry is None:
-            entry = self._masks[-1] = self._compute_mask()
-        return entry[1]
+        return self._mask_entry()[1]
 
     def forbidden_ids(self) -> np.ndarray | None:
         """The ids allowed() forbids, ascending and read-only, where there are at most
         SPARSE_IDS of them; None where there are more."""
-        entry = self._masks[-1]
-        if entry is None:
-            entry = self._masks[-1] = self._compute_mask()
-        return entry[2]
+        return self._mask_entry()[2]
 
     @property
     def any_allowed(self) -> bool:
         """Some token may come next (allowed().any(), from the cached ids where few)."""
-        entry = self._masks[-1]
-        if entry is None:
-            entry = self._masks[-1] = self._compute_mask()
-        return entry[1] is None or entry[1].size > 0
+        ids = self._mask_entry()[1]
+        return ids is None or ids.size > 0
 
     @property
     def complete(self) -> bool:
@@ -254,6 +243,13 @@ class ConstraintMatcher:
             raise ConstraintError(f"llguidance could not roll back {n} tokens: "
                                   f"{self._ll.get_error()}")
         del self._masks[-n:]
+
+    def _mask_entry(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """This position's (mask, allowed ids, forbidden ids), computed on first use."""
+        entry = self._masks[-1]
+        if entry is None:
+            entry = self._masks[-1] = self._compute_mask()
+        return entry
 
     def _compute_mask(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """(allowed(), allowed_ids(), forbidden_ids()) at this position, all read-only."""

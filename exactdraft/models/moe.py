@@ -116,7 +116,6 @@ class MoEBlock:
             shared = be.vector(be.to_host(shared) * sigmoid32(host[:, experts:first]))
         return routed + shared
 
-
     def expert_outputs(self, be: Backend, rows_in: np.ndarray,
                        chosen: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
         """(rows, slots, output rows [len(rows), H] on the host) of every routed expert, in
@@ -125,6 +124,7 @@ class MoEBlock:
             rows, slots = np.nonzero(chosen == expert)
             yield rows, slots, be.to_host(self.experts[int(expert)].run(
                 be, be.vector(rows_in[rows])))
+
 
 def make_moe_block(be: Backend, router: Any, settings: RouterSettings, experts: list[DenseMLP],
                    shared: tuple[Any, Any] | None = None, shared_gate: Any = None,

@@ -59,6 +59,7 @@ class ExpertParallelMoE(MoEBlock):
             yield rows, slots, gathered[first:first + rows.size]
             first += rows.size
 
+
 def stored_experts(checkpoint: Any, index: int, block: MoEBlock) -> list[DenseMLP]:
     """Layer `index`'s experts with their weights as the checkpoint stores them (the families'
     own loader, models/moe.py's load_experts, on an unpacking backend)."""

@@ -138,6 +138,16 @@ def scenario_rank(model: str, settings, folder: str, control: bool | str,
         raise
 
 
+def save_control_logits(target, group, folder: str) -> None:
+    """Every rank runs the scenario's prefill on a control's target; rank 0 saves its logits
+    (row_parallel.npy), and the ranks end together."""
+    logits = target.forward(target.new_state(), PREFIX, rows="all")
+    if group.rank == 0:
+        np.save(os.path.join(folder, "row_parallel.npy"), logits)
+    group.barrier("the control")
+    group.close()
+
+
 def row_parallel_control(model: str, settings, folder: str) -> None:
     """Negative control: the usual split whose down projection is row-parallel (each rank
     multiplies its slice of K and the ranks all-reduce the partial sums). Rank 0 saves the
@@ -152,11 +162,7 @@ def row_parallel_control(model: str, settings, folder: str) -> None:
     backend = RowParallelDownBackend(TorchCPUBackend(), group,
                                      checkpoint.config.intermediate_size)
     target = checkpoint.family.build(checkpoint.config, checkpoint.tensors, backend)
-    logits = target.forward(target.new_state(), PREFIX, rows="all")
-    if group.rank == 0:
-        np.save(os.path.join(folder, "row_parallel.npy"), logits)
-    group.barrier("the control")
-    group.close()
+    save_control_logits(target, group, folder)
 
 
 def row_parallel_recurrent_control(model: str, settings, folder: str) -> None:
@@ -174,11 +180,7 @@ def row_parallel_recurrent_control(model: str, settings, folder: str) -> None:
     backend = RowParallelHeadsBackend(TorchCPUBackend(), group)
     target = build_split_model(checkpoint, backend)
     assert backend.split_out_projections(target, checkpoint.tensors) > 0
-    logits = target.forward(target.new_state(), PREFIX, rows="all")
-    if group.rank == 0:
-        np.save(os.path.join(folder, "row_parallel.npy"), logits)
-    group.barrier("the control")
-    group.close()
+    save_control_logits(target, group, folder)
 
 
 def summed_experts_control(model: str, settings, folder: str) -> None:
@@ -200,11 +202,7 @@ def summed_experts_control(model: str, settings, folder: str) -> None:
     assert blocks
     for layer in blocks:
         layer.feed_forward.__class__ = SummedExpertsMoE
-    logits = target.forward(target.new_state(), PREFIX, rows="all")
-    if group.rank == 0:
-        np.save(os.path.join(folder, "row_parallel.npy"), logits)
-    group.barrier("the control")
-    group.close()
+    save_control_logits(target, group, folder)
 
 
 def killing_rank(model: str, settings, folder: str, victim: int, after_passes: int,

@@ -2,7 +2,7 @@
 else is in pyproject).
 
 The extensions are optional: if no C compiler is found or compilation fails, the build says why
-and the package installs without them; exactdraft.kernels.cpu and exactdraft.sampling_native
+and the package installs without them; exactdraft.kernels.cpu and exactdraft.sampling.native
 then report them unavailable and the slower Python paths run.
 Floating-point contraction is turned off so that every multiply and add is the one the source
 names (the kernels' bitwise row invariance relies on that); SIMD levels are compiled per source

@@ -132,7 +132,7 @@ def model_passes(target, context: int, repeat: int) -> dict[str, float]:
 def run_model(context: int, repeat: int) -> list[str]:
     """Result lines of --model: one per weight kind, times in ms."""
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
     from exactdraft.pretrained import load_checkpoint
 
     lines = [f"SmolLM2-135M, {context}-token context, best of {repeat}, ms"]

@@ -176,7 +176,7 @@ def make_backend(device: str) -> TorchCudaBackend:
 def random_llama(device: str, quick: bool):
     """A llama-shaped model with random weights: about 1.1B parameters, or a small one."""
     from exactdraft.models.config import DecoderConfig
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
 
     size = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
                 num_kv_heads=1, head_dim=32) if quick else \

@@ -77,9 +77,9 @@ def constraint_cost(generator, constraint, tokens: int) -> tuple[float, float, f
     """(seconds the constraint takes per decode step inside a serial run: its mask, the row
     transform, the end check; of those, the seconds computing masks (llguidance's bitmask and
     its unpacking); seconds of a whole step), timing every call of
-    exactdraft.constrained.ConstraintRows during the run."""
-    from exactdraft import constrained
+    exactdraft.constraints.rows.ConstraintRows during the run."""
     from exactdraft.constraints import ConstraintMatcher
+    from exactdraft.constraints import rows as constrained
 
     spent = {"rows": 0.0, "masks": 0.0}
     originals = {(constrained.ConstraintRows, name): "rows"

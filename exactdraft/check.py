@@ -18,7 +18,7 @@ from exactdraft.errors import ParameterError
 from exactdraft.generator import GenerationResult, Generator
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput
-from exactdraft.sampling import SamplingParams
+from exactdraft.sampling.params import SamplingParams
 
 
 @dataclass

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from exactdraft.constrained import ConstraintRows
-from exactdraft.depth import DepthPolicy
+from exactdraft.constraints.rows import ConstraintRows
 from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
-from exactdraft.drafting import CheckedDrafter
+from exactdraft.drafters.checked import CheckedDrafter
+from exactdraft.drafters.depth import DepthPolicy
 from exactdraft.models.target import PassSequence, Target, capabilities_of
 from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
-from exactdraft.sampling import KeyedSampler, TokenLogprob
+from exactdraft.sampling.keyed import KeyedSampler, TokenLogprob
 from exactdraft.verify import Verdict, Verifier, tree_rows
 
 # The results live in exactdraft.results; these names stay importable from here.
@@ -59,6 +59,21 @@ class DecodingSetup:
         return self.drafter is not None and self.drafting_note is None
 
 
+class RunSource(Protocol):
+    """What the Engine reads of a Generator: it turns a request into a checked Run, holds the
+    parts a Decoding needs, and is locked while a pass runs on its target."""
+
+    target: Target
+    drafter: Drafter | None
+    prefill_chunk: int
+    lock: Any  # held while a pass runs on `target`
+
+    def prepare(self, prompt: Any, max_new_tokens: int | None = None, sampling: Any = None, *,
+                where: str = "generate", **options: Any) -> Run: ...
+
+    def decoding_setup(self, run: Run) -> DecodingSetup: ...
+
+
 class Decoding:
     """One generation advanced one target pass at a time: the loop body that Generator runs
     for one sequence and the engine runs for many sequences sharing passes.
@@ -80,7 +95,7 @@ class Decoding:
         self.run, self.stream_text = run, stream_text
         self.verifier, self.sampler = setup.verifier, setup.sampler
         self.prefill_chunk = setup.prefill_chunk
-        # A constraint: its mask is the verifier's row transform (exactdraft.constrained).
+        # A constraint: its mask is the verifier's row transform (exactdraft.constraints.rows).
         self.constraint = None if run.matcher is None else \
             ConstraintRows(run.matcher, len(run.prompt_ids))
         self.transform = self.constraint

@@ -37,10 +37,10 @@ from exactdraft.arguments import (
     stops_with_config,
     token_ids_from_tensor,
 )
-from exactdraft.constrained import FORCED_WINDOW, matcher_for
+from exactdraft.constraints.rows import FORCED_WINDOW, matcher_for
 from exactdraft.decoding import Decoding, DecodingSetup
-from exactdraft.depth import DepthPolicy, measure_pass_costs
 from exactdraft.drafters.base import Drafter
+from exactdraft.drafters.depth import DepthPolicy, measure_pass_costs
 from exactdraft.errors import ExactnessError, ParameterError
 from exactdraft.guard import check_row_invariance, check_tree_invariance
 from exactdraft.models.target import (
@@ -53,13 +53,8 @@ from exactdraft.models.target import (
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput, encode_prompt
 from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
-from exactdraft.sampling import (
-    MAX_TOP_LOGPROBS,
-    SAMPLING_FIELDS,
-    KeyedSampler,
-    SamplingParams,
-    sampling_from,
-)
+from exactdraft.sampling.keyed import MAX_TOP_LOGPROBS, KeyedSampler
+from exactdraft.sampling.params import SAMPLING_FIELDS, SamplingParams, sampling_from
 from exactdraft.stops import StopMatcher, check_stop_tokens
 from exactdraft.verify import ExactVerifier, Verifier
 
@@ -109,7 +104,7 @@ class Generator:
         """`guard=False` skips the load-time row-invariance check and drafts regardless; it
         exists for measuring exactness empirically (exactdraft check), not for production.
         `adaptive_depth` verifies only as many drafts as pay off, from verify-pass costs
-        measured on the loaded model and the running acceptance (exactdraft.depth).
+        measured on the loaded model and the running acceptance (exactdraft.drafters.depth).
         `sampling` is the default for generate and stream (SamplingParams(): temperature 1.0,
         no filters), `stop_tokens` their default stop tokens (the tokenizer's eos and
         end-of-turn tokens, else the model's eos). `progress` shows the guard's work on stderr:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.models.target import Pass, PassSequence, Target, capabilities_of, run_pass
-from exactdraft.sampling import mix64
+from exactdraft.sampling.keyed import mix64
 
 # target -> {window: verdict}; a verdict lives as long as its target.
 _VERDICTS: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = weakref.WeakKeyDictionary()

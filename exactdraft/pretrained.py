@@ -18,7 +18,11 @@ from typing import Any
 from exactdraft.backends.registry import get_backend
 from exactdraft.errors import CheckpointError, ParameterError
 from exactdraft.loading.hub import looks_like_hub_id, snapshot_folder
-from exactdraft.models.registry import Family, family_for_architecture, family_for_model_type
+from exactdraft.models.families.registry import (
+    Family,
+    family_for_architecture,
+    family_for_model_type,
+)
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The options load_checkpoint takes (from_pretrained passes them through).
@@ -81,7 +85,8 @@ def load_checkpoint(path_or_id: str | os.PathLike[str] | None, *, keep_quantized
         tensor_parallel = parallel_settings(tensor_parallel)
     checkpoint = _read_checkpoint(path_or_id, keep_quantized, revision, cache_dir, with_tokenizer)
     if tensor_parallel is not None:
-        checkpoint.tensor_parallel = check_split(checkpoint.config, tensor_parallel)
+        checkpoint.tensor_parallel = check_split(checkpoint.family, checkpoint.config,
+                                                 tensor_parallel)
     return checkpoint
 
 

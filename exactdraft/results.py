@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from exactdraft.drafting import DrafterFaults
+from exactdraft.drafters.checked import DrafterFaults
 from exactdraft.errors import ParameterError
 from exactdraft.models.target import backend_label
-from exactdraft.sampling import SamplingParams, TokenLogprob
+from exactdraft.sampling.keyed import TokenLogprob
+from exactdraft.sampling.params import SamplingParams
 from exactdraft.stops import StopMatcher
 
 __all__ = ["Chunk", "GenerationResult", "GenerationStats", "Run", "receipt", "token_digest"]

@@ -24,13 +24,8 @@ import numpy as np
 from exactdraft.errors import ParameterError
 from exactdraft.generator import Generator
 from exactdraft.prompts import PromptInput, encode_prompt
-from exactdraft.sampling import (
-    MAX_TOP_LOGPROBS,
-    SAMPLING_FIELDS,
-    SamplingParams,
-    TokenLogprob,
-    sampling_from,
-)
+from exactdraft.sampling.keyed import MAX_TOP_LOGPROBS, TokenLogprob
+from exactdraft.sampling.params import SAMPLING_FIELDS, SamplingParams, sampling_from
 
 
 def token_logprobs(generator: Generator, tokens: Sequence[int], *, start: int = 1,

@@ -25,7 +25,7 @@ from exactdraft.errors import ParameterError, RecordingError
 from exactdraft.generator import GenerationResult, Generator
 from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput
-from exactdraft.sampling import SAMPLING_FIELDS, SamplingParams, sampling_from
+from exactdraft.sampling.params import SAMPLING_FIELDS, SamplingParams, sampling_from
 
 FORMAT = "exactdraft-recording/2"
 READABLE_FORMATS = ("exactdraft-recording/1", FORMAT)

@@ -25,7 +25,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from exactdraft.errors import ParameterError
-from exactdraft.sampling import KeyedSampler, SamplingParams
+from exactdraft.sampling.keyed import KeyedSampler
+from exactdraft.sampling.params import SamplingParams
 
 
 class NothingAllowed(Exception):  # noqa: N818 - a signal between a transform and the walk

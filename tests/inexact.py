@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from exactdraft.backends.torch_backend import TorchBackend
 
 # Greedy cases for the knife-edge checkpoint (tests/conftest.py), where the token controls
@@ -27,7 +29,22 @@ class InexactTorchBackend(TorchBackend):
         self.coarse = coarse
         self.split_k = split_k
 
+    _threads_applied = threading.local()
+
+    def _apply_thread_count(self) -> None:
+        """Give this thread torch's thread count before its first op. A thread that has not
+        asked torch for it runs its first ops on OpenMP's default team (every CPU) instead of
+        the count torch.set_num_threads set (one_torch_thread), so a server's engine thread
+        gave its first request other bits than later ones (measured on a 2-core AMD EPYC,
+        where MKL splits these products by thread count); asking applies the setting."""
+        if not getattr(self._threads_applied, "done", False):
+            import torch
+
+            torch.get_num_threads()
+            self._threads_applied.done = True
+
     def linear(self, x, weight, bias=None):
+        self._apply_thread_count()
         if self.split_k and x.shape[0] > 1:
             half = x.shape[1] // 2
             out = x[:, :half] @ weight[:half] + x[:, half:] @ weight[half:]
@@ -40,6 +57,7 @@ class InexactTorchBackend(TorchBackend):
     def attention(self, q, keys, values, positions, window, scale):
         import torch
 
+        self._apply_thread_count()
         rows, num_heads, head_dim = q.shape
         group = num_heads // keys.shape[0]
         length = int(positions.max()) + 1

@@ -84,7 +84,7 @@ def quantized(format: str, rows: int, cols: int, salt: int) -> QuantizedTensor:
 
 def probe_model(variant: str, weights: str, backend: Any) -> Any:
     """A DecoderModel of `variant` with hashed weights in `weights` on `backend`."""
-    from exactdraft.models import gemma3, llama
+    from exactdraft.models.families import gemma3, llama
 
     family = gemma3 if variant == "gemma3" else llama
     NAMES, build = family.NAMES, family.build

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from exactdraft import float64_math, sampling_native
+from exactdraft import float64_math
+from exactdraft.sampling import native as sampling_native
 
 NATIVE = pytest.mark.skipif(not sampling_native.available(),
                             reason=str(sampling_native.unavailable_reason()))

@@ -50,8 +50,8 @@ def sampling_grid(target, draft, guard, temperature, filter_name,
         depth = 1 + seed % 8
         reference = check.serial_run(serial, prompt, 24, params, stop_tokens=[])
         assert len(reference[0].tokens) == 24
-        # Fixed depth: the adaptive policy (tests/test_depth.py) would tie the counts of kept
-        # and rejected drafts to timings.
+        # Fixed depth: the adaptive policy (tests/drafters/test_depth.py) would tie the counts of
+        # kept and rejected drafts to timings.
         for drafter in (xd.PromptLookup(max_draft=depth, min_match=1),
                         xd.SuffixDrafter(max_draft=depth, min_match=1,
                                          speculation_factor=2.0),

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactdraft as xd
-from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftTree
+from exactdraft.drafters.depth import DepthPolicy
 from exactdraft.verify import ExactVerifier, Verdict, tree_rows
 
 # Short prompts for the oracle drafter; long random ones (the tiny vocabulary has 128 tokens)

@@ -28,7 +28,7 @@ from exactdraft.backends.base import (
     WithoutTreeAttention,
     dense_matrix,
 )
-from exactdraft.formats import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
+from exactdraft.formats.table import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
 if TYPE_CHECKING:
     from exactdraft.kernels.metal import MetalShaders

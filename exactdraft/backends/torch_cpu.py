@@ -39,7 +39,7 @@ from exactdraft.backends.base import (
     dense_matrix,
 )
 from exactdraft.backends.torch_backend import TorchBackend
-from exactdraft.formats import QuantizedTensor, StackedWeight
+from exactdraft.formats.table import QuantizedTensor, StackedWeight
 from exactdraft.kernels import cpu
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # enum layer_activation in decoder_layer.h

@@ -102,7 +102,7 @@ def read_constraint(args: argparse.Namespace) -> Any:
     given = [(flag, value) for flag, value in flags if value is not None]
     if not given:
         return None
-    from exactdraft.constraints import Constraint
+    from exactdraft.constraints.constraint import Constraint
 
     flag, value = given[0]
     try:

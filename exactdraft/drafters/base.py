@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from exactdraft.sampling import KeyedSampler, SamplingParams
+from exactdraft.sampling.keyed import KeyedSampler
+from exactdraft.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class DraftContext:
 @runtime_checkable
 class Drafter(Protocol):
     """Required: max_draft, begin, propose, accepted. Optional declarations, read with their
-    defaults by exactdraft.drafting.CheckedDrafter and the engine: `tree_width` (1: chains
+    defaults by exactdraft.drafters.checked.CheckedDrafter and the engine: `tree_width` (1: chains
     only), `wants_features` (False; then `observe(rows, start)` receives the target's final
     hidden rows), `sources` and `source(sequence)` (1: one depth policy), `vocab_size` (the
     target's), `copies_per_sequence` (False: the engine shares one instance among sequences

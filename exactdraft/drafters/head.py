@@ -48,7 +48,7 @@ from exactdraft.drafters.head_model import (
     rope_angles,
 )
 from exactdraft.errors import CheckpointError, ParameterError
-from exactdraft.formats import QuantizedTensor
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.models.cache import KVCache
 from exactdraft.models.target import capabilities_of
 

@@ -28,20 +28,17 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from exactdraft.decoding import Decoding
+from exactdraft.decoding import Decoding, RunSource
 from exactdraft.engine.prefix_cache import Block, PrefixCache
 from exactdraft.engine.submission import QueueFull, Submission, sample_seed
 from exactdraft.errors import ParameterError
 from exactdraft.models.target import Pass, PassRows, capabilities_of, run_pass
 from exactdraft.prompts import PromptInput
 from exactdraft.results import Chunk, GenerationResult
-
-if TYPE_CHECKING:  # Generator.generate runs lists of prompts through the Engine
-    from exactdraft.generator import Generator
 
 
 @dataclass
@@ -65,7 +62,7 @@ class _Sample:
 class Engine:
     """Serves many requests from one Generator with shared passes (the module docstring)."""
 
-    def __init__(self, generator: Generator, *, max_sequences: int = 8,
+    def __init__(self, generator: RunSource, *, max_sequences: int = 8,
                  max_pass_tokens: int | None = None, max_waiting: int = 64,
                  prefix_cache: PrefixCache | None = None) -> None:
         """`max_sequences`: sequences sharing a pass; `max_pass_tokens`: prompt tokens per

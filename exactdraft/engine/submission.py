@@ -18,7 +18,7 @@ from typing import Any
 
 from exactdraft.errors import ExactdraftError
 from exactdraft.results import Chunk, GenerationResult, Run
-from exactdraft.sampling import noise_key
+from exactdraft.sampling.keyed import noise_key
 
 # A position no token ever reaches, so a derived seed is no one's noise key at a real position.
 _SEED_POSITION = 2**64 - 1

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.formats import FORMATS as FORMAT_ROWS
-from exactdraft.formats import QuantizedTensor
+from exactdraft.formats.table import FORMATS as FORMAT_ROWS
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.kernels.cpu_arrays import address_of, is_torch
 
 # The formats the kernels multiply, by their kernel code (csrc/cpu/formats.h).

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from exactdraft.errors import CheckpointError
-from exactdraft.formats import AffineQuantizedTensor
+from exactdraft.formats.table import AffineQuantizedTensor
 
 
 def quantization_settings(raw_config: dict[str, Any],

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import GGUFError, WeightError
-from exactdraft.formats import FORMATS, QuantizedTensor, WeightFormat, format_for_ggml_type
+from exactdraft.formats.table import FORMATS, QuantizedTensor, WeightFormat, format_for_ggml_type
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

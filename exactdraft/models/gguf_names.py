@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from exactdraft.errors import ConfigError, WeightError
-from exactdraft.formats import QuantizedTensor
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.models.config import ConfigReader, RopeScaling
 from exactdraft.models.tensors import tensor_shape
 from exactdraft.models.transformer import TensorNames

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.backends.base import Backend
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.blocks import RopeTable
 from exactdraft.models.recurrent import F32, sigmoid32
 from exactdraft.models.state import SequenceState

@@ -29,7 +29,7 @@ import numpy as np
 from exactdraft import float64_math
 from exactdraft.backends.base import Backend
 from exactdraft.errors import WeightError
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.mixers import DenseMLP, PassContext
 from exactdraft.models.recurrent import F32, sigmoid32, tree_sum
 from exactdraft.models.tensors import TensorReader

@@ -16,7 +16,7 @@ import numpy as np
 
 from exactdraft.backends.base import Backend
 from exactdraft.errors import ParameterError
-from exactdraft.formats import QuantizedTensor
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.models.target import Rows
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.backends.base import Backend
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import DecoderConfig
 from exactdraft.models.decoder import DecoderModel, Trunk, check_max_context

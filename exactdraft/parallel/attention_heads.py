@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.mixers import AttentionMixer, load_attention
 from exactdraft.models.tensors import TensorReader
 from exactdraft.parallel.heads import GatheredInput, HeadRange
@@ -27,24 +27,13 @@ from exactdraft.parallel.recurrent_heads import Unpacked
 from exactdraft.parallel.sharding import weight_rows
 
 
-def attention_prefix(checkpoint: Any, reader: TensorReader, index: int) -> str:
-    """Where layer `index`'s attention weights live in a hybrid checkpoint."""
-    if type(checkpoint.config).__name__ == "NemotronHConfig":
-        root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
-        return f"{root}layers.{index}.mixer."
-    from exactdraft.models.qwen3_next import TEXT_PREFIXES
-
-    text = next((p for p in TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
-                TEXT_PREFIXES[-1])
-    return f"{text}layers.{index}.self_attn."
-
-
-def stored_attention(checkpoint: Any, index: int, mixer: AttentionMixer) -> AttentionMixer:
-    """Layer `index`'s attention with its weights as load_attention stacks them (unpacked)."""
+def stored_attention(checkpoint: Any, prefix: str, mixer: AttentionMixer) -> AttentionMixer:
+    """The attention layer whose weights live at `prefix`, with its weights as load_attention
+    stacks them (unpacked)."""
     c = checkpoint.config
     reader = TensorReader(checkpoint.tensors, c.source)
     rotary = getattr(c, "rotary_dim", None) if mixer.rope is not None else None
-    return load_attention(Unpacked(), reader, attention_prefix(checkpoint, reader, index),
+    return load_attention(Unpacked(), reader, prefix,
                           hidden=c.hidden_size, heads=mixer.num_heads,
                           kv_heads=mixer.num_kv_heads, head_dim=mixer.head_dim,
                           kv_slot=mixer.kv_slot, eps=mixer.eps, rope=mixer.rope,
@@ -73,9 +62,11 @@ def split_attention(mixer: AttentionMixer, stored: AttentionMixer, heads: HeadRa
                                num_heads=heads.heads, num_kv_heads=heads.kv_heads)
 
 
-def split_attention_layers(model: Any, checkpoint: Any, backend: Any) -> bool:
+def split_attention_layers(model: Any, checkpoint: Any, backend: Any, attention_prefix: Any
+                           ) -> bool:
     """Split every attention layer of a hybrid DecoderModel by heads, in place, when the ranks
-    divide its KV heads (the KV cache then holds the rank's heads); False when they do not."""
+    divide its KV heads (the KV cache then holds the rank's heads); False when they do not.
+    The family's `attention_prefix(reader, layer)` says where each layer's weights live."""
     rank, world_size = backend.group.rank, backend.group.world_size
     attention = [(i, layer) for i, layer in enumerate(model.layers)
                  if type(layer.mixer) is AttentionMixer]
@@ -87,9 +78,9 @@ def split_attention_layers(model: Any, checkpoint: Any, backend: Any) -> bool:
             first.num_kv_heads % world_size or first.num_heads % first.num_kv_heads:
         return False
     heads = HeadRange(rank, world_size, first.num_heads, first.num_kv_heads, first.head_dim)
+    reader = TensorReader(checkpoint.tensors, checkpoint.config.source)
     for index, layer in attention:
-        layer.mixer = split_attention(layer.mixer, stored_attention(checkpoint, index,
-                                                                    layer.mixer),
-                                      heads, backend)
+        stored = stored_attention(checkpoint, attention_prefix(reader, index), layer.mixer)
+        layer.mixer = split_attention(layer.mixer, stored, heads, backend)
     model.trunk = dataclasses.replace(model.trunk, num_kv_heads=heads.kv_heads)
     return True

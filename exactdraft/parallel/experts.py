@@ -60,45 +60,16 @@ class ExpertParallelMoE(MoEBlock):
             first += rows.size
 
 
-def stored_experts(checkpoint: Any, index: int, block: MoEBlock) -> list[DenseMLP]:
-    """Layer `index`'s experts with their weights as the checkpoint stores them (the families'
-    own loader, models/moe.py's load_experts, on an unpacking backend)."""
-    from exactdraft.models.moe import load_experts
+def place_experts(model: Any, checkpoint: Any, backend: Any, stored_experts: Any) -> int:
+    """Replace, in place, every MoEBlock of a DecoderModel on a GatheringBackend with an
+    ExpertParallelMoE holding this rank's experts whole, loaded again as the checkpoint stores
+    them by the family's `stored_experts` (models/split.py); returns how many were replaced
+    (none when there are fewer experts than ranks: those keep their experts column-split)."""
     from exactdraft.models.tensors import TensorReader
     from exactdraft.parallel.recurrent_heads import Unpacked
 
-    c = checkpoint.config
-    reader = TensorReader(checkpoint.tensors, c.source)
-    kind = type(c).__name__
-    count = block.settings.num_experts
-    if kind == "NemotronHConfig":
-        from exactdraft.models.nemotron_h import RELU2
-
-        root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
-        return load_experts(Unpacked(), reader, f"{root}layers.{index}.mixer.experts.", count,
-                            c.latent_size or c.hidden_size, c.expert_size, RELU2,
-                            activation="relu2")
-    if kind == "HybridQwenConfig":
-        from exactdraft.models.qwen3_next import TEXT_PREFIXES
-
-        text = next((p for p in TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
-                    TEXT_PREFIXES[-1])
-        prefix = f"{text}layers.{index}.mlp."
-    else:  # qwen3_moe, mixtral
-        layer = f"model.layers.{index}."
-        prefix = layer + "block_sparse_moe." if reader.has(
-            layer + "block_sparse_moe.gate.weight") else layer + "mlp."
-    names = ("w1", "w3", "w2") if prefix.endswith("block_sparse_moe.") else \
-        ("gate_proj", "up_proj", "down_proj")
-    return load_experts(Unpacked(), reader, prefix + "experts.", count, c.hidden_size,
-                        c.expert_size, names)
-
-
-def place_experts(model: Any, checkpoint: Any, backend: Any) -> int:
-    """Replace, in place, every MoEBlock of a DecoderModel on a GatheringBackend with an
-    ExpertParallelMoE holding this rank's experts whole; returns how many were replaced (none
-    when there are fewer experts than ranks: those keep their experts column-split)."""
     rank, world_size = backend.group.rank, backend.group.world_size
+    reader = TensorReader(checkpoint.tensors, checkpoint.config.source)
     placed = 0
     for index, layer in enumerate(model.layers):
         block = layer.feed_forward
@@ -106,7 +77,8 @@ def place_experts(model: Any, checkpoint: Any, backend: Any) -> int:
             continue
         ranges = expert_ranges(block.settings.num_experts, world_size)
         start, end = ranges[rank]
-        stored = stored_experts(checkpoint, index, block)
+        stored = stored_experts(Unpacked(), reader, checkpoint.config, index,
+                                block.settings.num_experts)
         held: list[Any] = []
         for e, expert in enumerate(block.experts):
             backend.forget(expert.gate_up)

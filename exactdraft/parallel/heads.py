@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.decoder import DecoderModel, Trunk, check_max_context
 from exactdraft.models.state import SequenceState
 from exactdraft.models.transformer import transformer_trunk

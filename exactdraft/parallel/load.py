@@ -14,36 +14,37 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from exactdraft.errors import ParameterError
+from exactdraft.models.split import not_split
 from exactdraft.parallel.settings import ParallelSettings, parallel_settings
 
-# Configurations of the models TP splits today: dense decoders (models/decoder.py), the
-# mixture-of-experts families (models/qwen3_moe.py) and the hybrid recurrent families
-# (models/qwen3_next.py, models/nemotron_h.py).
-SPLIT_CONFIGS = ("DecoderConfig", "MoEConfig", "HybridQwenConfig", "NemotronHConfig")
-MOE_TYPES = ("qwen3_moe", "mixtral")
-HYBRID_CONFIGS = ("HybridQwenConfig", "NemotronHConfig")
 
-
-def check_split(config: Any, tensor_parallel: int | ParallelSettings) -> ParallelSettings:
-    """The settings, once the model can be split that many ways; else a ParameterError."""
+def check_split(family: Any, config: Any,
+                tensor_parallel: int | ParallelSettings) -> ParallelSettings:
+    """The settings, once the model can be split that many ways (its family declares how:
+    models/split.py); else a ParameterError."""
     settings = parallel_settings(tensor_parallel)
     n = settings.world_size
-    kind = type(config).__name__
-    model_type = getattr(config, "model_type", kind)
-    if kind not in SPLIT_CONFIGS or (kind == "MoEConfig" and model_type not in MOE_TYPES):
+    if family.tensor_parallel(config) is None:
+        model_type = getattr(config, "model_type", family.name)
         raise ParameterError(
-            f"tensor_parallel={n}: {model_type!r} models are not split yet; tensor parallel "
-            "supports the dense decoder families (llama, mistral, qwen2, qwen3, gemma3), "
-            f"the mixture-of-experts families {', '.join(MOE_TYPES)} and the hybrid "
-            "recurrent families (qwen3_next, qwen3_5, nemotron_h)")
+            f"tensor_parallel={n}: {model_type!r} models are not split yet (the {family.name} "
+            "family declares no tensor-parallel split); tensor parallel supports "
+            f"{', '.join(split_model_types())}")
     if n > config.num_heads:
         raise ParameterError(f"tensor_parallel={n} exceeds the model's {config.num_heads} "
                              "attention heads")
     return settings
+
+
+def split_model_types() -> list[str]:
+    """The model types whose families declare a split for their own configurations."""
+    from exactdraft.models.families.registry import family_for_model_type, supported_model_types
+
+    return [t for t in supported_model_types()
+            if family_for_model_type(t, "<registry>").tensor_parallel is not not_split]
 
 
 def kernel_threads(settings: ParallelSettings) -> int:
@@ -58,35 +59,36 @@ def kernel_threads(settings: ParallelSettings) -> int:
 
 
 def build_split_model(checkpoint: Any, backend: Any, max_context: int | None = None) -> Any:
-    """This rank's part of the model on a GatheringBackend: attention split by heads when the
-    ranks divide the KV heads of a dense decoder (heads.py), else every rank attends with
-    every head; whole experts per rank (experts.py); the recurrent and attention layers of a
-    hybrid split by head group where the ranks divide their heads (recurrent_heads.py,
-    attention_heads.py); every other weight matrix split by output columns."""
+    """This rank's part of the model on a GatheringBackend, as its family declares the split
+    (models/split.py): attention split by heads when the ranks divide the KV heads of a dense
+    decoder (heads.py), else every rank attends with every head; whole experts per rank
+    (experts.py); the recurrent and attention layers of a hybrid split by head group where the
+    ranks divide their heads (recurrent_heads.py, attention_heads.py); every other weight
+    matrix split by output columns."""
     from exactdraft.parallel.attention_heads import split_attention_layers
     from exactdraft.parallel.experts import place_experts
     from exactdraft.parallel.heads import HeadRange, HeadSplitDecoderModel, splits_heads
     from exactdraft.parallel.recurrent_heads import split_recurrent_layers
 
     config, group = checkpoint.config, backend.group
-    family_module = sys.modules.get(checkpoint.family.build.__module__)
-    names = getattr(family_module, "NAMES", None)  # a dense family's TensorNames
-    if type(config).__name__ == "DecoderConfig" and names is not None and \
-            splits_heads(config, group.world_size):
+    split = checkpoint.family.tensor_parallel(config)
+    if split.heads is not None and splits_heads(config, group.world_size):
         heads = HeadRange(group.rank, group.world_size, config.num_heads, config.num_kv_heads,
                           config.head_dim)
-        return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context, names,
-                                     heads)
+        return HeadSplitDecoderModel(config, checkpoint.tensors, backend, max_context,
+                                     split.heads, heads)
     model = checkpoint.family.build(config, checkpoint.tensors, backend, max_context)
-    place_experts(model, checkpoint, backend)
-    if type(config).__name__ in HYBRID_CONFIGS:
-        split_recurrent_layers(model, checkpoint, backend)
-        split_attention_layers(model, checkpoint, backend)
-        if model.mtp is not None:
-            # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
-            # replay on the other ranks (target.py declares no MTP): not kept.
-            model.mtp = None
-            model.trunk = dataclasses.replace(model.trunk, mtp=None)
+    if split.experts is not None:
+        place_experts(model, checkpoint, backend, split.experts)
+    if split.recurrent is not None:
+        split_recurrent_layers(model, checkpoint, backend, split.recurrent)
+    if split.attention is not None:
+        split_attention_layers(model, checkpoint, backend, split.attention)
+    if model.mtp is not None:
+        # The checkpoint's MTP layers draft on rank 0's backend only, which TP does not
+        # replay on the other ranks (target.py declares no MTP): not kept.
+        model.mtp = None
+        model.trunk = dataclasses.replace(model.trunk, mtp=None)
     return model
 
 
@@ -103,7 +105,7 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
     from exactdraft.parallel.heads import HeadSplitDecoderModel
     from exactdraft.parallel.target import TensorParallelTarget, follow
 
-    settings = check_split(checkpoint.config, tensor_parallel)
+    settings = check_split(checkpoint.family, checkpoint.config, tensor_parallel)
     group = ParallelGroup(settings)
     try:
         cpu.set_num_threads(kernel_threads(settings))

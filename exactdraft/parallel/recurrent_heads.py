@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from exactdraft.formats import stack_rows
+from exactdraft.formats.table import stack_rows
 from exactdraft.models.gated_deltanet import GatedDeltaNet
 from exactdraft.models.mamba2 import Mamba2
 from exactdraft.parallel.heads import GatheredInput
@@ -136,30 +136,16 @@ class Unpacked:
         return values
 
 
-def stored_layer(checkpoint: Any, index: int, mixer: Any) -> Any:
-    """Layer `index`'s recurrent mixer with its weights as the checkpoint stores them (the
-    family's own loader, on _Unpacked), read again to take the rank's rows."""
-    from exactdraft.models import nemotron_h, qwen3_next
-    from exactdraft.models.tensors import TensorReader
-
-    config = checkpoint.config
-    reader = TensorReader(checkpoint.tensors, config.source)
-    if type(mixer) is GatedDeltaNet:
-        text = next((p for p in qwen3_next.TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
-                    qwen3_next.TEXT_PREFIXES[-1])
-        return qwen3_next.deltanet(Unpacked(), reader, f"{text}layers.{index}.linear_attn.",
-                                   config, mixer.slot)
-    root = "backbone." if reader.has("backbone.embeddings.weight") else "model."
-    return nemotron_h.mamba(Unpacked(), reader, f"{root}layers.{index}.mixer.", config,
-                            mixer.slot)
-
-
-def split_recurrent_layers(model: Any, checkpoint: Any, backend: Any) -> int:
+def split_recurrent_layers(model: Any, checkpoint: Any, backend: Any, stored_layer: Any) -> int:
     """Replace, in place, every recurrent layer of a DecoderModel on a GatheringBackend that
     can be split by heads with this rank's part: its input projection's rows of the rank's
     heads computed locally (whole dot products, nothing gathered), the rest as the module
-    docstring says. Returns how many were split (the others stay whole)."""
+    docstring says. The layer's weights are loaded again as stored by the family's
+    `stored_layer` (models/split.py). Returns how many were split (the others stay whole)."""
+    from exactdraft.models.tensors import TensorReader
+
     rank, world_size = backend.group.rank, backend.group.world_size
+    reader = TensorReader(checkpoint.tensors, checkpoint.config.source)
     split = 0
     for index, layer in enumerate(model.layers):
         mixer = layer.mixer
@@ -169,7 +155,7 @@ def split_recurrent_layers(model: Any, checkpoint: Any, backend: Any) -> int:
             rows = mamba_ranges(mixer, rank, world_size)[0]
         else:
             continue
-        stored = stored_layer(checkpoint, index, mixer)
+        stored = stored_layer(Unpacked(), reader, checkpoint.config, index, mixer)
         backend.forget(mixer.in_proj)  # replaced by the rank's rows
         in_proj = backend.local_matrix(stack_rows([weight_rows(stored.in_proj, a, b)
                                                    for a, b in rows]))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import ParameterError
-from exactdraft.formats import QuantizedTensor, StackedWeight
+from exactdraft.formats.table import QuantizedTensor, StackedWeight
 
 # Rows per group of the dot layout (DOT_GROUP) and a multiple of the grouped layout's 4.
 COLUMN_ALIGN = 16

@@ -1,12 +1,12 @@
 """The Anthropic wire format: /v1/messages, whole or as its stream of events.
 
-Invariant: a message (whole or streamed) carries exactly what the engine committed: the text,
-the stop reason (end_turn for a stop token, stop_sequence with the string that matched,
-max_tokens for the length or context limit), the token counts and, as exactdraft's extension,
-the receipt (in the message, and in the stream's message_delta event). Streamed text deltas
-concatenate to the whole message's text; with tools (server/tools.py) the call markup comes out
-as `tool_use` blocks instead, whole or streamed alike. Extensions in a request: `min_p`,
-`repetition_penalty`, `seed` and `drafts` (false: serial decoding).
+Invariant: a message (whole or streamed) carries exactly what the engine committed: the text, the
+stop reason (end_turn for a stop token, stop_sequence with the string that matched, max_tokens for
+the length or context limit), the token counts and, as exactdraft's extension, the receipt (in the
+message, and in the stream's message_delta event). Streamed text deltas concatenate to the whole
+message's text; with tools (server/tool_calls/requests.py) the call markup comes out as `tool_use`
+blocks instead, whole or streamed alike. Extensions in a request: `min_p`, `repetition_penalty`,
+`seed` and `drafts` (false: serial decoding).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import exactdraft.server.tool_replies as tool_replies
-import exactdraft.server.tools as tools
+import exactdraft.server.tool_calls.replies as tool_replies
+import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.server.fields import (
     RequestError,
@@ -32,8 +32,6 @@ from exactdraft.server.fields import (
 )
 from exactdraft.server.service import Service
 
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
 UNSUPPORTED = ("mcp_servers", "container")
 
 
@@ -73,7 +71,7 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
-                  sampling=sampling_fields(body, SAMPLING))
+                  sampling=sampling_fields(body))
 
 
 class Reply:

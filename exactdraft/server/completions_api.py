@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exactdraft.sampling import TokenLogprob
+from exactdraft.sampling.keyed import TokenLogprob
 from exactdraft.server.fields import (
     RequestError,
     Wanted,

@@ -10,13 +10,14 @@ one field, so the server accepts exactly what the Python API accepts.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import check_text
-from exactdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from exactdraft.sampling.keyed import MAX_TOP_LOGPROBS
+from exactdraft.sampling.params import SamplingParams
 
 # Roles a chat prompt may hold; "developer" is OpenAI's newer name for "system".
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -59,7 +60,7 @@ def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) ->
     `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
     {"json_schema": {...}}), or the grammar its tool_choice asks for; at most one. A
     RequestError names the field whose constraint cannot be built."""
-    from exactdraft.constraints import Constraint
+    from exactdraft.constraints.constraint import Constraint
     from exactdraft.errors import ConstraintError
 
     found: list[tuple[str, Any]] = []
@@ -143,20 +144,29 @@ def integer(body: Mapping[str, Any], name: str, low: int, high: int,
     return value
 
 
-def sampling_fields(body: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """SamplingParams fields from the body's fields (wire name -> field name), each checked by
+# The sampling settings a request may carry: each API's wire name is SamplingParams' own field
+# name. Every API takes these (top_k, min_p, repetition_penalty and seed as extensions where
+# the API has none) ...
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+# ... and the OpenAI APIs these as well.
+OPENAI_SAMPLING = SAMPLING + ("presence_penalty", "frequency_penalty", "logit_bias")
+
+
+def sampling_fields(body: Mapping[str, Any], names: Sequence[str] = SAMPLING
+                    ) -> dict[str, Any]:
+    """SamplingParams fields from the body's fields of those names, each checked by
     SamplingParams itself."""
     found: dict[str, Any] = {}
-    for wire, name in names.items():
-        value = body.get(wire)
+    for name in names:
+        value = body.get(name)
         if value is None:
             continue
         if name == "logit_bias":
-            value = _logit_bias(value, wire)
+            value = _logit_bias(value, name)
         try:
             SamplingParams(**{name: value})
         except ParameterError as error:
-            raise RequestError(f"{wire}: {error}", wire) from None
+            raise RequestError(f"{name}: {error}", name) from None
         found[name] = value
     return found
 

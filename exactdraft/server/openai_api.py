@@ -5,8 +5,9 @@ choice: its text, its finish reason, its logprobs (the token, its logprob and th
 alternatives from the distribution the draw was made from) and its receipt; a streamed choice's
 deltas concatenate to the whole response's text. Fields beyond OpenAI's are exactdraft's
 extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
-request, `receipt` on each finished choice. With tools (server/tools.py), the call markup in a
-choice's text comes out as its `tool_calls` instead of content, whole or streamed alike.
+request, `receipt` on each finished choice. With tools (server/tool_calls/requests.py), the
+call markup in a choice's text comes out as its `tool_calls` instead of content, whole or
+streamed alike.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import exactdraft.server.tool_replies as tool_replies
-import exactdraft.server.tools as tools
+import exactdraft.server.tool_calls.replies as tool_replies
+import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
-from exactdraft.sampling import TokenLogprob
+from exactdraft.sampling.keyed import TokenLogprob
 from exactdraft.server.fields import (
+    OPENAI_SAMPLING,
     RequestError,
     Wanted,
     chat_messages,
@@ -34,10 +36,6 @@ from exactdraft.server.fields import (
 )
 from exactdraft.server.service import Service
 
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-            "logit_bias": "logit_bias", "seed": "seed"}
 # `prediction` (predicted output) is accepted and ignored: it could change speed only.
 UNSUPPORTED = ("functions", "function_call", "audio", "suffix")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop",
@@ -57,7 +55,7 @@ def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
-                  sampling=sampling_fields(body, SAMPLING),
+                  sampling=sampling_fields(body, OPENAI_SAMPLING),
                   include_usage=bool(options.get("include_usage")))
 
 

@@ -36,8 +36,6 @@ from exactdraft.server.fields import (
 from exactdraft.server.service import Service
 from exactdraft.server.streaming import respond, sse, stream_error
 
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "min_p": "min_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
 UNSUPPORTED = ("previous_response_id", "conversation", "tools", "background", "prompt")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -71,7 +69,7 @@ def responses_request(body: Mapping[str, Any], service: Service) -> Wanted:
                   max_tokens=integer(body, "max_output_tokens", 1, service.target.max_context),
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
-                  sampling=sampling_fields(body, SAMPLING))
+                  sampling=sampling_fields(body))
 
 
 def input_messages(value: Any) -> list[dict[str, str]]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import ParameterError
-from exactdraft.sampling import SamplingParams
+from exactdraft.sampling.params import SamplingParams
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "data", "train_prompts.txt")

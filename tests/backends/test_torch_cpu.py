@@ -208,7 +208,7 @@ def test_bad_options_and_positions_are_refused(tiny_checkpoints):
 @pytest.mark.slow
 def test_smollm2_fused_equals_per_op_and_keeps_rows_invariant():
     from exactdraft.backends.torch_cpu import TorchCPUBackend
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
     from exactdraft.pretrained import bundled_model_path, load_checkpoint
 
     if bundled_model_path() is None:

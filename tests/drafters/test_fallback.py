@@ -8,8 +8,8 @@ import pytest
 
 import exactdraft as xd
 from exactdraft import DraftContext, FallbackDrafter, KeyedSampler, ParameterError, PromptLookup
-from exactdraft.depth import DepthPolicy
 from exactdraft.drafters.base import DraftTree
+from exactdraft.drafters.depth import DepthPolicy
 from tests.drafters.test_head import FILTERS, PROMPTS, TEMPERATURES, train_heads
 from tests.exactness import ExactnessCheck
 

@@ -1,5 +1,5 @@
 """The dot layout's packing (csrc/cpu/pack_dot.c) against a numpy packing built on the
-format row's block_fields (exactdraft/formats.py), byte for byte, for every format with a dot
+format row's block_fields (exactdraft/formats/table.py), byte for byte, for every format with a dot
 kernel."""
 
 from __future__ import annotations

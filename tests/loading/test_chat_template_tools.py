@@ -20,7 +20,7 @@ from exactdraft.loading.chat_template import (
     template_supports_tools,
 )
 from exactdraft.loading.tokenizer import Tokenizer
-from exactdraft.tool_calls import ToolCall, detect_format, parse_tool_calls
+from exactdraft.server.tool_calls.formats import ToolCall, detect_format, parse_tool_calls
 from tests.conftest import build_tiny_checkpoint
 
 QWEN3 = """{%- if tools %}

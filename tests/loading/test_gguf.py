@@ -16,7 +16,7 @@ import pytest
 from exactdraft.errors import CheckpointError, ConfigError, GGUFError, TokenizerError, WeightError
 from exactdraft.formats import QuantizedTensor
 from exactdraft.loading.gguf import read_gguf_metadata
-from exactdraft.models.llama import rope_row_order
+from exactdraft.models.families.llama import rope_row_order
 from tests.loading.conftest import load_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -157,7 +157,7 @@ def hf_model(smollm_path):
 @pytest.fixture(scope="module")
 def our_model(smollm_checkpoint):
     from exactdraft.backends.registry import get_backend
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
 
     return build_llama(smollm_checkpoint.config, smollm_checkpoint.tensors, get_backend("torch"))
 
@@ -182,7 +182,7 @@ def hf_last_logits(hf_model, ids: list[int]) -> np.ndarray:
 @pytest.mark.slow
 def test_smollm2_logits_match_transformers(smollm_checkpoint, our_model, hf_model):
     from exactdraft.backends.registry import get_backend
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
 
     prompts = parity_prompts(smollm_checkpoint.tokenizer)
     relative = []
@@ -303,7 +303,7 @@ def test_tiny_family_file_matches_transformers(tmp_path, write_gguf, family):
     import torch
 
     from exactdraft.backends.registry import get_backend
-    from exactdraft.models.llama import build as build_llama
+    from exactdraft.models.families.llama import build as build_llama
 
     model = tiny_hf_model(family)
     hf = model.config

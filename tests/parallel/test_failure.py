@@ -74,32 +74,48 @@ def test_a_bad_rank_count_is_refused_naming_it(model, value):
 
 
 def test_families_not_split_yet_are_refused_naming_them():
-    from exactdraft.models.qwen3_moe import MoEConfig
+    """A family that declares no split (models/split.py) is refused by its model type and its
+    family's name, and the message lists the model types whose families declare one."""
+    from exactdraft.models.families.registry import Family
 
-    class RecurrentConfig:  # a family with no split, by its configuration's name
+    class RecurrentConfig:
         model_type = "rwkv"
 
-    with pytest.raises(ParameterError, match="'rwkv' models are not split yet"):
-        check_split(RecurrentConfig(), 2)
-    moe = MoEConfig.__new__(MoEConfig)  # a mixture-of-experts configuration of another type
-    object.__setattr__(moe, "model_type", "deepseek")
-    with pytest.raises(ParameterError, match="'deepseek' models are not split yet"):
-        check_split(moe, 2)
+    unsplit = Family("rwkv", ("rwkv",), (), *([None] * 5))
+    with pytest.raises(ParameterError, match="'rwkv' models are not split yet \\(the rwkv "
+                                             "family declares no tensor-parallel split\\); "
+                                             "tensor parallel supports .*qwen3_moe"):
+        check_split(unsplit, RecurrentConfig(), 2)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "nemotron_h"])
-def test_the_hybrid_recurrent_families_are_split(model_type):
-    from exactdraft.models.nemotron_h import NemotronHConfig
-    from exactdraft.models.qwen3_next import HybridQwenConfig
+@pytest.mark.parametrize("model_type", ["llama", "gemma3", "mixtral", "qwen3_next",
+                                        "qwen3_5_text", "nemotron_h"])
+def test_the_families_declare_their_split(model_type):
+    from exactdraft.models.families.registry import family_for_model_type
 
-    kind = NemotronHConfig if model_type == "nemotron_h" else HybridQwenConfig
-    config = kind.__new__(kind)  # the family's configuration, with the fields check_split reads
-    object.__setattr__(config, "model_type", model_type)
-    object.__setattr__(config, "num_heads", 4)
-    assert check_split(config, 2).world_size == 2
+    family = family_for_model_type(model_type, "<test>")
+
+    class Config:
+        num_heads = 4
+
+    config = Config()
+    config.model_type = model_type
+    if model_type in ("llama", "gemma3"):  # a dense decoder's configuration
+        from exactdraft.models.config import DecoderConfig
+
+        config = DecoderConfig.__new__(DecoderConfig)
+        object.__setattr__(config, "num_heads", 4)
+    split = family.tensor_parallel(config)
+    assert split is not None
+    dense = model_type in ("llama", "gemma3")
+    hybrid = model_type in ("qwen3_next", "qwen3_5_text", "nemotron_h")
+    assert (split.heads is not None) == dense
+    assert (split.experts is not None) == (not dense)
+    assert (split.recurrent is not None) == (split.attention is not None) == hybrid
+    assert check_split(family, config, 2).world_size == 2
     with pytest.raises(ParameterError, match="tensor_parallel=8 exceeds the model's 4 "
                                              "attention heads"):
-        check_split(config, 8)
+        check_split(family, config, 8)
 
 
 def test_without_the_distributed_environment_the_error_says_how_to_start(model, monkeypatch):

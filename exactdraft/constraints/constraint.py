@@ -1,0 +1,155 @@
+"""Constraints on generated text (a JSON schema, a regex, a Lark grammar, a list of choices),
+checked at once and compiled to token masks through llguidance.
+
+Invariant: a Constraint is immutable and says only what the text must match; everything a
+generation changes lives in its ConstraintMatcher (matcher.py), whose mask is a pure
+function of the tokens consumed, so one Constraint serves any number of generations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from exactdraft.constraints.matcher import ConstraintMatcher, apply_mask
+from exactdraft.constraints.tokens import (
+    bridge_for,
+    byte_tokenizer,
+    compiled_matcher,
+    llguidance_module,
+    refuse_empty,
+    short,
+)
+from exactdraft.errors import ConstraintError
+
+# ConstraintMatcher and apply_mask are the matcher module's, named here too.
+__all__ = ["Constraint", "ConstraintMatcher", "apply_mask", "parse_json"]
+
+# JSON is written compactly with one space after ':' and ',' unless the schema's "x-guidance"
+# says otherwise: no free whitespace means more forced bytes and no runs of blank lines.
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the generated text must match. Immutable and hashable; build it with one of the
+    classmethods, which check it at once (ConstraintError naming what is wrong)."""
+
+    kind: str      # "json_schema", "regex", "grammar" or "choices"
+    source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
+    llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
+
+    @classmethod
+    def json_schema(cls, schema: dict | str | type, *, compact: bool = True) -> Constraint:
+        """Text that parses as JSON and validates against `schema`: a dict, a JSON string, or
+        a pydantic model class. compact=False lets the model write free whitespace."""
+        if isinstance(schema, type):
+            if not hasattr(schema, "model_json_schema"):
+                raise ConstraintError(f"json_schema needs a dict, a JSON string or a pydantic "
+                                      f"model class, got the class {schema.__name__}")
+            schema = schema.model_json_schema()
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ConstraintError(f"json_schema is not valid JSON: {error}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ConstraintError(f"json_schema must be a JSON object, got "
+                                  f"{type(schema).__name__} {schema!r}")
+        try:
+            source = json.dumps(schema, ensure_ascii=False)  # key order kept: it is the output's
+        except (TypeError, ValueError) as error:
+            raise ConstraintError(f"json_schema cannot be written as JSON: {error}") from None
+        matcher_class = llguidance_module().LLMatcher
+        try:
+            grammar = matcher_class.grammar_from_json_schema(
+                source, defaults=COMPACT_JSON if compact else None)
+        except ValueError as error:
+            raise ConstraintError(f"invalid json_schema: {error}") from None
+        return cls._checked("json_schema", source, grammar)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """Text that matches `pattern` as a whole (Rust regex syntax, no look-around)."""
+        if not isinstance(pattern, str):
+            raise ConstraintError(f"regex must be a string, got {type(pattern).__name__}")
+        return cls._checked("regex", pattern,
+                            llguidance_module().LLMatcher.grammar_from_regex(pattern))
+
+    @classmethod
+    def grammar(cls, lark: str) -> Constraint:
+        """Text that the Lark-style grammar (llguidance's syntax: `start: ...`, /regex/ and
+        "string" terminals, %json {...} for embedded schemas) derives from `start`."""
+        if not isinstance(lark, str) or not lark.strip():
+            raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
+                                  f"{lark!r}")
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def gbnf(cls, text: str) -> Constraint:
+        """A grammar in llama.cpp's GBNF (EBNF) syntax, converted to Lark."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConstraintError(f"gbnf must be a non-empty grammar string, got {text!r}")
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(text)
+        except Exception as error:  # the converter raises plain exceptions of several kinds
+            raise ConstraintError(f"invalid GBNF grammar: {error}") from None
+        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def choices(cls, options: Sequence[str]) -> Constraint:
+        """Text equal to one of `options` (non-empty list of strings)."""
+        if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
+            raise ConstraintError(f"choices must be a list of strings, got {options!r}")
+        if not options:
+            raise ConstraintError("choices is empty: at least one option is needed")
+        for index, option in enumerate(options):
+            if not isinstance(option, str):
+                raise ConstraintError(f"choices[{index}] must be a string, got {option!r}")
+        # JSON string literals are Lark string literals (escapes included).
+        lark = "start: " + " | ".join(json.dumps(option) for option in options)
+        return cls._checked("choices", json.dumps(list(options), ensure_ascii=False),
+                            llguidance_module().LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def _checked(cls, kind: str, source: str, grammar: str) -> Constraint:
+        """Validate the grammar, and refuse one that matches nothing, on a byte vocabulary:
+        what is wrong is said before any model or tokenizer is involved."""
+        llg = llguidance_module()
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, byte_tokenizer())
+        if failed:
+            raise ConstraintError(f"invalid {kind} {short(source)}: {messages[0].strip()}")
+        probe = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0)
+        refuse_empty(probe, kind, source, byte_tokenizer().vocab_size, byte_tokenizer().eos_token)
+        return cls(kind, source, grammar)
+
+    def matcher(self, tokenizer: Any, vocab_size: int,
+                stop_token_ids: Sequence[int]) -> ConstraintMatcher:
+        """A fresh matcher for one generation, over a model vocabulary of `vocab_size` ids (ids
+        past the tokenizer's are never allowed) that ends on any of `stop_token_ids`."""
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
+                or vocab_size < 1:
+            raise ConstraintError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        stops = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
+        for token in stops:
+            if not 0 <= token < vocab_size:
+                raise ConstraintError(f"stop token id {token} is outside the vocabulary "
+                                      f"[0, {vocab_size})")
+        bridge = bridge_for(tokenizer)
+        initial = compiled_matcher(self, tokenizer, bridge)
+        return ConstraintMatcher(self, bridge, initial.deep_copy(), int(vocab_size), stops)
+
+
+def parse_json(text: str) -> Any:
+    """The JSON value of a JSON-constrained generation's text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConstraintError(f"the generated text is not complete JSON ({error.msg} at "
+                              f"character {error.pos}): {short(text)}") from None

@@ -1,0 +1,117 @@
+"""Tool calls in responses: OpenAI messages and stream deltas, Anthropic content blocks and
+stream events, made from the model's text by the request's tool-call splitter.
+
+Invariant: a streamed response assembles to the whole response for the same text: the content
+deltas concatenate to the message's content, each call's first delta carries its index, id and
+name and the argument deltas concatenate to its arguments (OpenAI `tool_calls`, Anthropic
+`input_json_delta` of a `tool_use` block), and no text delta carries call markup. Model text
+whose calls do not parse raises ToolCallError (a 500 for a whole response, an error event in a
+stream, which has already sent what came before).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from exactdraft.server.tool_calls.formats import CallArguments, CallEnd, CallStart, Content, collect
+from exactdraft.server.tool_calls.requests import ToolRequest
+
+
+def openai_message(request: ToolRequest, text: str, id_prefix: str) -> dict[str, Any]:
+    """A whole chat message for a model text: content and tool_calls (content null when the
+    text was only calls)."""
+    content, calls = parse(request, text, id_prefix)
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": None if calls and not content.strip() else content}
+    if calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in calls]
+    return message
+
+
+def parse(request: ToolRequest, text: str, id_prefix: str) -> tuple[str, list[Any]]:
+    splitter = request.splitter(id_prefix)
+    return collect(splitter.feed(text) + splitter.finish())
+
+
+def openai_delta(events: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(content, tool_calls) of one streamed delta: a call's first entry carries its index,
+    id, type and name, later ones (and the rest of the first) its argument text."""
+    content, entries = [], {}
+    for event in events:
+        if isinstance(event, Content):
+            content.append(event.text)
+        elif isinstance(event, CallStart):
+            entries[event.index] = {"index": event.index, "id": event.id, "type": "function",
+                                    "function": {"name": event.name, "arguments": ""}}
+        elif isinstance(event, CallArguments):
+            entry = entries.setdefault(event.index, {"index": event.index,
+                                                     "function": {"arguments": ""}})
+            entry["function"]["arguments"] += event.text
+    return "".join(content), list(entries.values())
+
+
+def anthropic_blocks(request: ToolRequest, text: str, id_prefix: str) -> list[dict[str, Any]]:
+    """The content blocks of a whole message: the text (when there is any, or no call) and a
+    tool_use block per call (an incomplete call, cut by max_tokens, has input {})."""
+    content, calls = parse(request, text, id_prefix)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] \
+        if content or not calls else []
+    for call in calls:
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                       "input": json.loads(call.arguments) if call.complete else {}})
+    return blocks
+
+
+class AnthropicBlocks:
+    """The content-block events of a streamed message with tools: a text block opens when
+    text comes and closes when a call starts; each call is a tool_use block whose input
+    streams as input_json_delta events."""
+
+    def __init__(self, request: ToolRequest, id_prefix: str) -> None:
+        self.splitter = request.splitter(id_prefix)
+        self.open: str | None = None  # the kind of the open block
+        self.count = 0  # blocks started
+        self.called = False
+
+    def _stop(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [("content_block_stop", {"type": "content_block_stop",
+                                        "index": self.count - 1})]
+
+    def _start(self, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        events = self._stop()
+        self.open, self.count = block["type"], self.count + 1
+        return events + [("content_block_start", {"type": "content_block_start",
+                                                  "index": self.count - 1,
+                                                  "content_block": block})]
+
+    def events(self, text: str, final: bool) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        found = self.splitter.feed(text) + (self.splitter.finish() if final else [])
+        for event in found:
+            if isinstance(event, Content):
+                if self.open != "text":
+                    out += self._start({"type": "text", "text": ""})
+                out.append(("content_block_delta", {
+                    "type": "content_block_delta", "index": self.count - 1,
+                    "delta": {"type": "text_delta", "text": event.text}}))
+            elif isinstance(event, CallStart):
+                self.called = True
+                out += self._start({"type": "tool_use", "id": event.id, "name": event.name,
+                                    "input": {}})
+            elif isinstance(event, CallArguments):
+                out.append(("content_block_delta", {
+                    "type": "content_block_delta", "index": self.count - 1,
+                    "delta": {"type": "input_json_delta", "partial_json": event.text}}))
+            elif isinstance(event, CallEnd):
+                out += self._stop()
+        if final:
+            if self.count == 0:
+                out += self._start({"type": "text", "text": ""})
+            out += self._stop()
+        return out

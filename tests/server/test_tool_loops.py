@@ -209,3 +209,122 @@ def test_a_call_cut_at_every_token_streamed_and_sent_back(live, api, how):
     for size in range(1, whole["tokens"] + 1):
         check_cut(base, api, how, size, whole, stream=False, history=True)
         check_cut(base, api, how, size, whole, stream=True, history=True)
+
+
+def calls_of(base: str, api: str, **fields) -> dict:
+    body = {**request(api, 200, "named"), **fields}
+    return ask(base, api, body)
+
+
+@pytest.mark.parametrize("api, choice, extra", [
+    ("openai", NAMED["openai"], {}),
+    ("openai", NAMED["openai"], {"parallel_tool_calls": True}),  # named: one call whatever
+    ("openai", "required", {}),
+    ("anthropic", NAMED["anthropic"], {}),
+    ("anthropic", {"type": "any"}, {}),
+])
+def test_a_named_or_forced_choice_gives_exactly_one_call(live, api, choice, extra):
+    base, _ = live
+    reply = calls_of(base, api, tool_choice=choice, **extra)
+    assert reply["finish"] == CALLED[api] and len(reply["calls"]) == 1, reply
+
+
+@pytest.mark.parametrize("api, choice", [
+    ("openai", "required"), ("anthropic", {"type": "any", "disable_parallel_tool_use": False})])
+def test_the_same_model_writes_several_calls_when_parallel_calls_are_asked_for(live, api,
+                                                                               choice):
+    """The control of the test above: asked for parallel calls, this model writes a second
+    call (and more, until max_tokens cuts one, which is dropped)."""
+    base, _ = live
+    fields = {"parallel_tool_calls": True} if api == "openai" else {}
+    reply = calls_of(base, api, tool_choice=choice, **fields)
+    assert len(reply["calls"]) >= 2, reply
+    assert all(set(json.loads(arguments)) == {"city"} for _, arguments in reply["calls"])
+
+
+def test_arguments_are_compact_json(live):
+    """Arguments are written as response_format's JSON is: no free whitespace. Control: the
+    same call markup under a grammar with JSON's free whitespace (the constraint extension, no
+    tools, so the raw text comes back) lets this model write newlines and tabs there."""
+    base, _ = live
+    for api in ("openai", "anthropic"):
+        (call,) = calls_of(base, api)["calls"]
+        assert call[1] == json.dumps(json.loads(call[1]))
+    compact = json.dumps({**closed(SCHEMA), "x-guidance": COMPACT})
+    loose = FORCED["grammar"].replace(compact, json.dumps(closed(SCHEMA)))
+    assert loose != FORCED["grammar"]
+    for grammar, free in ((FORCED["grammar"], False), (loose, True)):
+        status, reply = post(base, "/v1/chat/completions", {
+            "model": MODEL, "messages": USER, "max_tokens": 120, "temperature": 0,
+            "constraint": {"grammar": grammar}})
+        assert status == 200, reply
+        arguments = reply["choices"][0]["message"]["content"].split('"arguments": ', 1)[1]
+        assert any(space in arguments for space in "\n\t") is free, arguments
+
+
+def accepts(constraint, text: str) -> bool:
+    """Whether llguidance's matcher takes `text` whole (one token per byte)."""
+    import llguidance
+
+    from exactdraft.constraint_tokens import byte_tokenizer
+
+    matcher = llguidance.LLMatcher(byte_tokenizer(), constraint.llguidance_grammar, log_level=0)
+    return bool(matcher.consume_tokens(list(text.encode()))) and matcher.is_accepting()
+
+
+OPEN = {"type": "object", "properties": {"city": {"type": "string"},
+                                         "when": {"type": "object",
+                                                  "properties": {"day": {"type": "integer"}}}}}
+
+
+@pytest.mark.parametrize("closed_objects", [True, False])
+def test_schema_objects_are_closed_unless_the_request_opens_them(closed_objects):
+    """A schema without additionalProperties gets no other key, at any depth, in a tool's
+    arguments and in a strict response_format; `"closed_objects": false` gives JSON Schema's
+    open objects back (the control: the same texts accepted)."""
+    from exactdraft.server.fields import constraint_from
+    from exactdraft.server.tools import constraint_for, openai_tools
+
+    body = {"tools": [{"type": "function", "function": {"name": "f", "parameters": OPEN}}],
+            "tool_choice": NAMED["openai"] | {"function": {"name": "f"}},
+            "closed_objects": closed_objects}
+    tool = constraint_for(openai_tools(body, None))
+    head = '<tool_call>{"name": "f", "arguments": '
+    assert accepts(tool, head + '{"city": "x", "when": {"day": 1}}}</tool_call>')
+    for extra in ('{"city": "x", "mood": 1}', '{"when": {"day": 1, "hour": 2}}'):
+        assert accepts(tool, head + extra + "}</tool_call>") is not closed_objects
+    strict = constraint_from({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "r", "strict": True, "schema": OPEN}}, "closed_objects": closed_objects})
+    assert accepts(strict, '{"city": "x"}')
+    assert accepts(strict, '{"city": "x", "mood": 1}') is not closed_objects
+    # Not strict: JSON Schema's own reading, open.
+    loose = constraint_from({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "r", "schema": OPEN}}})
+    assert accepts(loose, '{"city": "x", "mood": 1}')
+
+
+@pytest.mark.parametrize("api, tools, field", [
+    ("openai", [OPENAI_TOOLS[0], {"type": "function", "function": {
+        "name": "bad", "parameters": {"type": "object",
+                                      "properties": {"a": {"type": "strin"}}}}}],
+     "tools[1].function.parameters"),
+    ("anthropic", [ANTHROPIC_TOOLS[0], {"name": "bad", "input_schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}],
+     "tools[1].input_schema"),
+])
+def test_a_schema_that_cannot_be_followed_is_refused_naming_its_field(live, api, tools, field):
+    base, _ = live
+    body = {**request(api, 8, "named"), "tools": tools,
+            "tool_choice": {"type": "any"} if api == "anthropic" else "required"}
+    status, reply = post(base, "/v1/chat/completions" if api == "openai" else "/v1/messages",
+                         body)
+    assert status == 400 and reply["error"]["param"] == field, reply
+    assert "%json" not in reply["error"]["message"] and "start:" not in reply["error"]["message"]
+    # Control: the good tool alone is served.
+    status, _ = post(base, "/v1/chat/completions" if api == "openai" else "/v1/messages",
+                     {**body, "tools": tools[:1]})
+    assert status == 200
+    # A bad type for the extension field is refused by name.
+    status, reply = post(base, "/v1/chat/completions" if api == "openai" else "/v1/messages",
+                         {**body, "tools": tools[:1], "closed_objects": "no"})
+    assert status == 400 and reply["error"]["param"] == "closed_objects"

@@ -184,3 +184,18 @@ def test_unknown_routes_answer_json_in_the_clients_error_shape(live, method, pat
     assert method in message and path in message
     # Control: a route that exists answers.
     assert send(base, "/v1/models", {}, "GET")[0] == 200
+
+
+def test_serve_clamp_max_tokens_flag(tiny_checkpoints) -> None:
+    """`exactdraft serve --clamp-max-tokens`: a max_tokens past the context is lowered to the
+    room the prompt leaves, so the reply runs to the context's end (finish reason length)."""
+    from tests.server.live import server_process
+
+    with server_process(tiny_checkpoints["llama"], "--backend", "torch",
+                        "--clamp-max-tokens") as base:
+        status, reply = post(base, "/v1/completions", {"prompt": "abc " * 240,
+                                                       "max_tokens": 32000, "temperature": 0})
+    assert status == 200, reply
+    usage = reply["usage"]
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 1024

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import exactdraft as xd
+from tests.conftest import needs_smollm2
 from tests.server.conftest import MODEL
 from tests.server.live import post, server_in_thread
 
@@ -199,3 +200,36 @@ def test_serve_clamp_max_tokens_flag(tiny_checkpoints) -> None:
     usage = reply["usage"]
     assert reply["choices"][0]["finish_reason"] == "length"
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 1024
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_the_session_on_smollm2_as_the_agent_retries_it(smollm2_server) -> None:
+    """The bundled SmolLM2 (context 8192) and the session as the agent runs it: max_tokens
+    32000 is answered with the context wording, the retry with a smaller max_tokens streams a
+    whole message, and every tool_use it holds has an input object."""
+    base, _ = smollm2_server
+    retried = 0
+    for entry in SESSION:
+        status, reply = send(base, entry["path"], entry["body"])
+        if status == 400:
+            retried += 1
+            found = FIT.match(reply["error"]["message"])
+            assert found, reply
+            size, _, context = (int(g) for g in found.groups())
+            retry = {**entry["body"], "max_tokens": min(context - size, 48), "temperature": 0}
+            status, reply = send(base, entry["path"], retry)
+        assert status == 200, reply
+        if not entry["body"].get("stream"):
+            continue
+        well_formed(reply)
+        blocks: dict[int, dict] = {}
+        for name, payload in reply:
+            if name == "content_block_start":
+                blocks[payload["index"]] = {**payload["content_block"], "json": ""}
+            elif name == "content_block_delta" and "partial_json" in payload["delta"]:
+                blocks[payload["index"]]["json"] += payload["delta"]["partial_json"]
+        for block in blocks.values():
+            if block["type"] == "tool_use":
+                assert isinstance(json.loads(block["json"]), dict), block
+    assert retried == len(AGENT)  # the agent's requests, 32000 past the context of 8192

@@ -213,7 +213,8 @@ def several_prompts(prompt: Any) -> list[Any] | None:
             not isinstance(prompt, Sequence) or not prompt:
         return None
     first = prompt[0]
-    if isinstance(first, str) or _tensor_like(first) or \
+    # A numpy integer scalar has a shape too, (): a list of them is one prompt of token ids.
+    if isinstance(first, str) or (_tensor_like(first) and len(first.shape) > 0) or \
             (isinstance(first, Sequence) and not isinstance(first, bytes)):
         return list(prompt)
     return None

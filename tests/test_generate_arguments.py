@@ -443,6 +443,25 @@ def test_torch_tensor_prompts(generator):
         generator.generate(flat.float(), 8)
 
 
+def test_numpy_prompts_give_the_tokens_of_a_list_of_ints(generator):
+    """A list of numpy integer scalars (what indexing an array gives) and a 1-D array are one
+    prompt of token ids, as a list of ints is; a list of arrays is several prompts (the
+    control that the list-of-prompts reading still applies)."""
+    import numpy as np
+
+    expected = generator.generate(PROMPT, 8, seed=1, stop_tokens=[]).tokens
+    for prompt in ([np.int64(t) for t in PROMPT], [np.int32(t) for t in PROMPT],
+                   list(np.array(PROMPT)), np.array(PROMPT), np.array(PROMPT, dtype=np.int32)):
+        assert generator.generate(prompt, 8, seed=1, stop_tokens=[]).tokens == expected
+    assert [t for t, _ in zip(generator.stream([np.int64(t) for t in PROMPT], 8, seed=1,
+                                               stop_tokens=[]), range(1))]
+    several = generator.generate([np.array(PROMPT), np.array(PROMPTS[1])], 8, seed=1,
+                                 stop_tokens=[])
+    assert [r.tokens for r in several][0] == expected and len(several) == 2
+    with pytest.raises(xd.ParameterError, match="not a token id"):
+        generator.generate([np.float32(5.0), np.float32(6.0)], 8)
+
+
 def test_the_repr_names_model_backend_arithmetic_and_drafter(generator, tiny_targets):
     text = repr(generator)
     target = tiny_targets["llama"]

@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another name for the served model (SERVED: its --model-name); "
                             "with any alias, other model names are answered 404 (default: "
                             "every name is served)")
+    serve.add_argument("--clamp-max-tokens", action="store_true",
+                       help="lower a max_tokens past the room the prompt leaves in the "
+                            "context to that room instead of refusing the request (default: "
+                            "refuse, in each API's context-limit wording)")
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"),
                        help="the server's log: info = one line per request (default: info)")

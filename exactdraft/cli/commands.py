@@ -65,7 +65,8 @@ def run_serve(args: argparse.Namespace) -> int:
     serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
           max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
           prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
-          model_aliases=aliases or None, ready=ready)
+          model_aliases=aliases or None, clamp_max_tokens=args.clamp_max_tokens,
+          ready=ready)
     return 0
 
 

@@ -19,6 +19,7 @@ import exactdraft.server.tool_calls.replies as tool_replies
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.server.fields import (
+    MAX_TOKENS_LIMIT,
     RequestError,
     Wanted,
     chat_messages,
@@ -40,7 +41,7 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
     service.check_model(dict(body))
     if body.get("max_tokens") is None:
         raise RequestError("max_tokens is required", "max_tokens")
-    max_tokens = integer(body, "max_tokens", 1, service.target.max_context)
+    max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)  # the context: Service
     system = body.get("system")
     # `system` as a string or text blocks; system entries inside `messages` (which some
     # clients send) join it, in order, as the one system prompt a chat template takes.
@@ -111,7 +112,8 @@ class Reply:
         result = results[0]
         if self.wanted.tools is not None:
             blocks = tool_replies.anthropic_blocks(self.wanted.tools, result.text or "",
-                                            self.call_prefix)
+                                                   self.call_prefix,
+                                                   result.finish_reason in tool_replies.CUT)
         else:
             blocks = [{"type": "text", "text": result.text or ""}]
         message = self._message(blocks, len(result.tokens))
@@ -133,7 +135,10 @@ class Reply:
     def chunk_events(self, chunk: Chunk) -> list[tuple[str, dict[str, Any]]]:
         events = []
         if self.blocks is not None:
-            events += self.blocks.events(chunk.text, chunk.result is not None)
+            result = chunk.result
+            events += self.blocks.events(chunk.text, result is not None,
+                                         result is not None and
+                                         result.finish_reason in tool_replies.CUT)
         elif chunk.text:
             events.append(("content_block_delta", {
                 "type": "content_block_delta", "index": 0,

@@ -27,14 +27,17 @@ from exactdraft.server.service import Service
 
 def create_app(engine: Engine, model_name: str,
                on_shutdown: Callable[[], None] | None = None,
-               model_aliases: Mapping[str, str] | None = None) -> Any:
+               model_aliases: Mapping[str, str] | None = None,
+               clamp_max_tokens: bool = False) -> Any:
     """The Starlette application serving `engine` under `model_name`. Requests may name any
     model unless `model_aliases` ({alias: model_name}) is given; then only `model_name` and
-    the aliases are served (service.Service says more)."""
+    the aliases are served; `clamp_max_tokens` lowers a max_tokens past the context's room
+    instead of refusing it (service.Service says more)."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    service = Service(engine, model_name, model_aliases)
+    service = Service(engine, model_name, model_aliases, clamp_max_tokens)
     shared = Shared(service, engine, model_name, on_shutdown)
     if metrics_available():
         shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage)
@@ -43,6 +46,17 @@ def create_app(engine: Engine, model_name: str,
     async def failure(request: Any, error: Exception) -> Any:
         return error_response(wires.get(request.url.path, "openai"), failed(error))
 
+    async def no_route(request: Any, error: Exception) -> Any:
+        """An unknown route or method, answered in the error shape of the API the client
+        speaks (an Anthropic client sends anthropic-version)."""
+        anthropic = "anthropic-version" in request.headers or \
+            request.url.path.startswith("/v1/messages")
+        status = getattr(error, "status_code", 404)
+        what = "route" if status == 404 else "method for the route"
+        return error_response("anthropic" if anthropic else "openai", RequestError(
+            f"this server has no {what} {request.method} {request.url.path}", None, status,
+            "not_found_error" if status == 404 else "invalid_request_error"))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         yield
@@ -50,7 +64,8 @@ def create_app(engine: Engine, model_name: str,
             on_shutdown()
 
     routes = [Route(e.path, route(e, shared), methods=[e.method]) for e in ENDPOINTS]
-    return Starlette(routes=routes, exception_handlers={Exception: failure}, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={Exception: failure, HTTPException: no_route})
 
 
 def route(endpoint: Endpoint, shared: Shared) -> Callable[[Any], Awaitable[Any]]:
@@ -83,12 +98,12 @@ def failed(error: Exception) -> RequestError:
 def error_response(wire: str, error: RequestError) -> Any:
     from starlette.responses import JSONResponse
 
+    message = error.wording(wire)
     if wire == "anthropic":
         body: dict[str, Any] = {"type": "error", "error": {
-            "type": error.kind, "message": str(error), "param": error.param}}
-    else:  # OpenAI names a missing model by its code
-        code = "model_not_found" if error.status == 404 else None
+            "type": error.kind, "message": message, "param": error.param}}
+    else:  # OpenAI calls a missing model or route an invalid request, with a code
         kind = "invalid_request_error" if error.status == 404 else error.kind
-        body = {"error": {"message": str(error), "type": kind, "param": error.param,
-                          "code": code}}
+        body = {"error": {"message": message, "type": kind, "param": error.param,
+                          "code": error.code}}
     return JSONResponse(body, status_code=error.status)

@@ -23,13 +23,52 @@ from exactdraft.sampling.params import SamplingParams
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
+# The largest max_tokens a request may name; whether it fits is the context's to say (Service).
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
 class RequestError(ParameterError):
-    """A request the server refuses; `param` names the field, `status` the HTTP status."""
+    """A request the server refuses; `param` names the field, `status` the HTTP status, `code`
+    the OpenAI error code (model_not_found, context_length_exceeded), when it has one."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
         super().__init__(message)
-        self.param, self.status, self.kind = param, status, kind
+        self.param, self.status, self.kind, self.code = param, status, kind, code
+
+    def wording(self, wire: str) -> str:
+        """The message as the API of `wire` ("openai" or "anthropic") words it."""
+        return str(self)
+
+
+class ContextError(RequestError):
+    """A prompt that does not fit the model's context, alone (`max_tokens` None) or with its
+    max_tokens, in each API's own words: the ones agent clients read to shorten a prompt or
+    retry with a smaller max_tokens (Anthropic: `prompt is too long: N tokens > M maximum`,
+    ``input length and `max_tokens` exceed context limit: I + M > C``; OpenAI: the code
+    context_length_exceeded)."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, context: int,
+                 prompt_field: str) -> None:
+        self.prompt_tokens, self.max_tokens, self.context = prompt_tokens, max_tokens, context
+        self.prompt_field = prompt_field
+        super().__init__(self.wording("openai"), prompt_field if max_tokens is None
+                         else "max_tokens", code="context_length_exceeded")
+
+    def wording(self, wire: str) -> str:
+        n, m, context = self.prompt_tokens, self.max_tokens, self.context
+        if wire == "anthropic":
+            if m is None:  # the most a prompt may hold leaves one token for the output
+                return f"prompt is too long: {n} tokens > {context - 1} maximum"
+            return (f"input length and `max_tokens` exceed context limit: {n} + {m} > "
+                    f"{context}, decrease input length or `max_tokens` and try again")
+        head = f"This model's maximum context length is {context} tokens. However, "
+        what = self.prompt_field
+        if m is None:
+            return (head + f"your {what} resulted in {n} tokens, which leaves no room for "
+                    f"the output. Please reduce the length of the {what}.")
+        return (head + f"you requested {n + m} tokens ({n} in the {what}, {m} in the "
+                f"completion). Please reduce the length of the {what} or completion.")
 
 
 @dataclass
@@ -55,13 +94,16 @@ class Wanted:
 CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choices")
 
 
-def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) -> Any:
+def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any:
     """The request's constraint: OpenAI's response_format (json_schema or json_object), the
     `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
-    {"json_schema": {...}}), or the grammar its tool_choice asks for; at most one. A
-    RequestError names the field whose constraint cannot be built."""
+    {"json_schema": {...}}), or the constraint its tool_choice asks for (built by
+    server/tool_calls/requests.py); at most one. A RequestError names the field whose
+    constraint cannot be built. A `strict` response_format's objects are closed
+    (server/json_schemas.py) unless the request sends `"closed_objects": false`."""
     from exactdraft.constraints.constraint import Constraint
     from exactdraft.errors import ConstraintError
+    from exactdraft.server.json_schemas import closed
 
     found: list[tuple[str, Any]] = []
     response_format = body.get("response_format")
@@ -75,6 +117,9 @@ def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) ->
             if not isinstance(schema, dict):
                 raise RequestError("response_format.json_schema.schema must be a JSON schema "
                                    "object", "response_format.json_schema.schema")
+            if spec.get("strict") is True and \
+                    typed(body, "closed_objects", (bool,), "true or false", True):
+                schema = closed(schema)
             found.append(("response_format", lambda: Constraint.json_schema(schema)))
         else:
             raise RequestError("response_format.type must be text, json_object or json_schema",
@@ -88,8 +133,8 @@ def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) ->
         kind, value = next(iter(extension.items()))
         build = getattr(Constraint, kind)
         found.append((f"constraint.{kind}", lambda: build(value)))
-    if tool_grammar is not None:
-        found.append(("tool_choice", lambda: Constraint.grammar(tool_grammar)))
+    if tool_constraint is not None:
+        found.append(("tool_choice", lambda: tool_constraint))
     if len(found) > 1:
         raise RequestError(f"{found[0][0]} and {found[1][0]} both constrain the output; send "
                            "one", found[1][0])

@@ -22,6 +22,7 @@ import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.sampling.keyed import TokenLogprob
 from exactdraft.server.fields import (
+    MAX_TOKENS_LIMIT,
     OPENAI_SAMPLING,
     RequestError,
     Wanted,
@@ -45,10 +46,9 @@ FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted"
 def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
     refuse_unsupported(body, UNSUPPORTED)
     service.check_model(dict(body))
-    limit = service.target.max_context
-    max_tokens = integer(body, "max_completion_tokens", 0, limit)
-    if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", 0, limit)
+    max_tokens = integer(body, "max_completion_tokens", 0, MAX_TOKENS_LIMIT)
+    if max_tokens is None:  # whether it fits the context is the Service's to say
+        max_tokens = integer(body, "max_tokens", 0, MAX_TOKENS_LIMIT)
     options = typed(body, "stream_options", (dict,), "an object", {})
     return Wanted(prompt=prompt, max_tokens=max_tokens,
                   n=integer(body, "n", 1, 64, 1),
@@ -116,7 +116,8 @@ class Reply:
             choice: dict[str, Any] = {"index": index}
             if self.chat and self.wanted.tools is not None:
                 choice["message"] = tool_replies.openai_message(
-                    self.wanted.tools, result.text or "", self._call_prefix(index))
+                    self.wanted.tools, result.text or "", self._call_prefix(index),
+                    result.finish_reason in tool_replies.CUT)
                 if choice["message"].get("tool_calls"):
                     self.called.add(index)
             elif self.chat:
@@ -141,7 +142,8 @@ class Reply:
                 if index not in self.splitters:
                     self.splitters[index] = self.wanted.tools.splitter(self._call_prefix(index))
                 splitter = self.splitters[index]
-                events = splitter.feed(text) + (splitter.finish() if chunk.result else [])
+                events = splitter.feed(text) + ([] if chunk.result is None else splitter.finish(
+                    chunk.result.finish_reason in tool_replies.CUT))
                 text, calls = tool_replies.openai_delta(events)
                 if calls:
                     delta["tool_calls"] = calls

@@ -23,6 +23,7 @@ from exactdraft.decoding import GenerationResult
 from exactdraft.engine import Submission
 from exactdraft.server.context import Call
 from exactdraft.server.fields import (
+    MAX_TOKENS_LIMIT,
     ROLES,
     RequestError,
     Wanted,
@@ -66,7 +67,7 @@ def responses_request(body: Mapping[str, Any], service: Service) -> Wanted:
                                                                    "instructions")})
     messages += input_messages(body.get("input"))
     return Wanted(prompt=chat_messages(messages, "input"),
-                  max_tokens=integer(body, "max_output_tokens", 1, service.target.max_context),
+                  max_tokens=integer(body, "max_output_tokens", 1, MAX_TOKENS_LIMIT),
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
                   sampling=sampling_fields(body))

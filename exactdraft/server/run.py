@@ -18,12 +18,13 @@ from exactdraft.generator import Generator
 def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, max_sequences: int = 8, max_waiting: int = 64,
           prefix_cache_bytes: int = 256 * 2**20, prefix_cache_file: str | None = None,
-          log_level: str = "warning", model_aliases: Mapping[str, str] | None = None) -> Any:
+          log_level: str = "warning", model_aliases: Mapping[str, str] | None = None,
+          clamp_max_tokens: bool = False) -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
-    shutdown. `model_aliases`: see exactdraft.server.service.Service. `log_level` is
-    uvicorn's; each request's line goes to the logger `exactdraft.server` instead of
-    uvicorn's access log."""
+    shutdown. `model_aliases`, `clamp_max_tokens`: see exactdraft.server.service.Service.
+    `log_level` is uvicorn's; each request's line goes to the logger `exactdraft.server`
+    instead of uvicorn's access log."""
     import uvicorn
 
     from exactdraft.server.app import create_app
@@ -41,7 +42,8 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
         if engine.prefix_cache is not None and prefix_cache_file is not None:
             save_prefix_cache(engine.prefix_cache, prefix_cache_file, generator.target)
 
-    app = create_app(engine, model_name, on_shutdown=shut_down, model_aliases=model_aliases)
+    app = create_app(engine, model_name, on_shutdown=shut_down, model_aliases=model_aliases,
+                     clamp_max_tokens=clamp_max_tokens)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            access_log=False))
     server.engine = engine

@@ -2,7 +2,9 @@
 and the receipt every response carries.
 
 Invariant: a request reaches the engine only with a prompt that fits the model's context
-together with its max_tokens, and otherwise is refused with a RequestError naming the field.
+together with its max_tokens, and otherwise is refused with a ContextError (each API's own
+wording, fields.py); with `clamp_max_tokens`, a max_tokens past the room the prompt leaves is
+lowered to that room instead, and only a prompt that leaves no room is refused.
 A receipt names what was computed precisely enough for a client to check it: the sha256 of the
 prompt and output token ids, the seed, the drafts made and kept, the backend, the arithmetic
 contract and the weights digest. Two processes of the same model under the same arithmetic
@@ -21,7 +23,7 @@ from exactdraft.engine import Engine, QueueFull, Submission
 from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
-from exactdraft.server.fields import RequestError, Wanted
+from exactdraft.server.fields import ContextError, RequestError, Wanted
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -44,11 +46,15 @@ class Service:
     """`model_aliases`: None (the default) accepts every model name (agents send their own
     model ids) and serves it with the one model; a map {alias: served name} accepts only the
     served name and the aliases and answers any other name 404. Responses always name the
-    served model, the one whose weights the receipt names."""
+    served model, the one whose weights the receipt names. `clamp_max_tokens`: a max_tokens
+    past the room the prompt leaves in the context is lowered to that room (the output may
+    then end at the context, finish reason length) instead of refused."""
 
     def __init__(self, engine: Engine, model_name: str,
-                 model_aliases: Mapping[str, str] | None = None) -> None:
+                 model_aliases: Mapping[str, str] | None = None,
+                 clamp_max_tokens: bool = False) -> None:
         self.engine = engine
+        self.clamp_max_tokens = clamp_max_tokens
         self.model_name = model_name
         self.aliases = None if model_aliases is None else \
             check_aliases(model_name, model_aliases)
@@ -65,7 +71,8 @@ class Service:
                 name in self.aliases:
             return
         raise RequestError(f"model {name[:80]!r} is not served here; this server serves "
-                           f"{self.model_name!r}", "model", 404, "not_found_error")
+                           f"{self.model_name!r}", "model", 404, "not_found_error",
+                           "model_not_found")
 
     @property
     def model_names(self) -> list[str]:
@@ -87,14 +94,13 @@ class Service:
         context = self.target.max_context
         room = context - len(ids)
         if room <= 0:
-            raise RequestError(f"the prompt has {len(ids)} tokens, which leaves no room in the "
-                               f"model's context of {context}", prompt_field)
+            raise ContextError(len(ids), None, context, prompt_field)
         max_tokens = min(DEFAULT_MAX_TOKENS, room) if wanted.max_tokens is None \
             else wanted.max_tokens
         if max_tokens > room:
-            raise RequestError(f"max_tokens {max_tokens} is more than the {room} tokens the "
-                               f"model's context of {context} leaves after the "
-                               f"{len(ids)}-token prompt", "max_tokens")
+            if not self.clamp_max_tokens:
+                raise ContextError(len(ids), max_tokens, context, prompt_field)
+            max_tokens = room
         vocab = self.target.vocab_size
         for token in wanted.sampling.get("logit_bias", {}):
             if not 0 <= token < vocab:

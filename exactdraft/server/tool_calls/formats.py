@@ -7,7 +7,10 @@ calls in the same order with the same names, and argument deltas that concatenat
 arguments string. Raw call markup never reaches content: text that could still be the start of
 a start marker is held back (as exactdraft/stops.py holds back stop strings) until it is
 settled. Whitespace between content and a call is dropped with the call's markup (a text with
-no calls comes out whole). `parse_tool_calls` is the splitter fed the whole text, so a whole
+no calls comes out whole). A call's events are held back until the call is complete, so a call
+that never completes (the text ends inside it) is never emitted, whole or streamed; a text cut
+by the length limit (`finish(cut=True)`) also drops a held-back piece of a start marker and the
+whitespace before it. `parse_tool_calls` is the splitter fed the whole text, so a whole
 response and a stream of the same text agree.
 
 Formats (FORMATS, checked in this order against a chat template's source by `detect_format`):
@@ -29,8 +32,9 @@ schemas and asks for <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 
 Model text whose call markup does not parse (arguments that are not a JSON object, a function
 that is not among the tools, a broken list) raises ToolCallError naming the call; exactdraft
-does not turn such text back into content, because a stream has already sent the call's start.
-A text that ends inside a call (the length limit) ends that call as incomplete, without error.
+does not turn such text back into content. A text that ends inside a call (the length limit, or
+a stop token inside the markup) ends that call as incomplete, without error, and the splitter
+drops it: an incomplete call's arguments need not parse.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exactdraft.constraints.constraint import COMPACT_JSON
 from exactdraft.loading.chat_template import (
     GENERIC_CALL_END,
     GENERIC_CALL_START,
@@ -167,6 +172,8 @@ class ToolCallSplitter:
         self.events: list[Event] = []
         self.opened = False  # content other than whitespace, or a call, has been seen
         self.space = ""  # trailing whitespace of the content, held back
+        self.held: list[Event] = []  # the events of the call being read, until it completes
+        self.cut = False
 
     # -- the sink the readers report to ----------------------------------------------------
 
@@ -177,22 +184,21 @@ class ToolCallSplitter:
                                 f"the tools ({', '.join(sorted(self.tools))})")
         call_id = f"{self.id_prefix}{index}"
         self.calls.append((call_id, name))
-        self._add(CallStart(index, call_id, name))
+        self.held.append(CallStart(index, call_id, name))
         return index
 
     def arguments(self, index: int, text: str) -> None:
-        self._add(CallArguments(index, text))
+        self.held.append(CallArguments(index, text))
 
     def end(self, index: int, arguments: str, complete: bool) -> None:
-        self._add(CallEnd(index, arguments, complete))
+        # An incomplete call (the text ended inside it) is dropped with what it held.
+        held, self.held = self.held, []
+        if complete and (self.max_calls is None or index < self.max_calls):
+            self.events += [*held, CallEnd(index, arguments, complete)]
 
     def schema(self, name: str) -> dict[str, Any] | None:
         found = (self.tools or {}).get(name)
         return dict(found) if found is not None else None
-
-    def _add(self, event: Event) -> None:
-        if self.max_calls is None or event.index < self.max_calls:
-            self.events.append(event)
 
     # -- text in, events out ---------------------------------------------------------------
 
@@ -200,8 +206,11 @@ class ToolCallSplitter:
         self.pending += text
         return self._drain(final=False)
 
-    def finish(self) -> list[Event]:
-        """Events for the text held back; the splitter is spent afterwards."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """Events for the text held back; the splitter is spent afterwards. `cut`: the text
+        was cut by the length limit, so a held-back piece of a start marker is markup cut short
+        and is dropped (with the whitespace before it), not content."""
+        self.cut = cut
         return self._drain(final=True)
 
     def _content(self, text: str) -> None:
@@ -229,6 +238,9 @@ class ToolCallSplitter:
                 head = self.pending.lstrip()
                 if any(lead.startswith(head) for lead in _LEADING) and not final:
                     break  # could still open with a call
+                if head and any(lead.startswith(head) for lead in _LEADING) and self.cut:
+                    self.pending = ""  # a call's opening cut short
+                    break
                 if head.startswith(_LEADING):
                     self.pending, self.opened, self.space = head, True, ""
                     self.reader = self.format.reader(self)
@@ -242,9 +254,13 @@ class ToolCallSplitter:
                 self.pending, self.opened = self.pending[at + len(marker):], True
                 self.reader = self.format.reader(self)
                 continue
-            held = 0 if final else _held_back(self.pending, self.format.markers)
+            held = _held_back(self.pending, self.format.markers)
+            if final and not (self.cut and held):
+                held = 0  # the end of the text: what could have been a marker is content
             self._content(self.pending[:len(self.pending) - held])
             self.pending = self.pending[len(self.pending) - held:]
+            if final and self.pending:  # a start marker cut short, with its whitespace
+                self.pending = self.space = ""
             if final and self.space and not self.calls:  # a text without calls stays whole
                 self.events.append(Content(self.space))
             break
@@ -263,11 +279,12 @@ def _held_back(text: str, markers: Sequence[str]) -> int:
 
 def parse_tool_calls(text: str, tool_format: ToolFormat,
                      tools: Mapping[str, Mapping[str, Any] | None] | None = None, *,
-                     id_prefix: str = "call_",
-                     max_calls: int | None = None) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a whole model text: the splitter fed the text at once."""
+                     id_prefix: str = "call_", max_calls: int | None = None,
+                     cut: bool = False) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole model text: the splitter fed the text at once (`cut`: see
+    ToolCallSplitter.finish)."""
     splitter = ToolCallSplitter(tool_format, tools, id_prefix=id_prefix, max_calls=max_calls)
-    return collect(splitter.feed(text) + splitter.finish())
+    return collect(splitter.feed(text) + splitter.finish(cut))
 
 
 def collect(events: Sequence[Event]) -> tuple[str, list[ToolCall]]:
@@ -290,7 +307,11 @@ def _literal(text: str) -> str:
 
 
 def _call_rule(tool_format: ToolFormat, function: Mapping[str, Any], head: bool = True) -> str:
-    schema = json.dumps(function.get("parameters") or {"type": "object"})
+    # Arguments are written as response_format's JSON is (COMPACT_JSON), unless the schema
+    # says otherwise: free whitespace lets a small model spend its tokens on indentation.
+    schema = dict(function.get("parameters") or {"type": "object"})
+    schema.setdefault("x-guidance", COMPACT_JSON)
+    schema = json.dumps(schema)
     name = function["name"]
     if tool_format.name in ("hermes", "generic"):
         # Hermes models write the JSON on its own line; the generic prompt shows one line.

@@ -163,6 +163,14 @@ def _take_literal(pending: str, literal: str, final: bool, what: str) -> int | N
     raise ToolCallError(f"{what}: expected {literal!r}, got {stripped[:40]!r}")
 
 
+def _closing(pending: str, closing: str, final: bool, what: str) -> int | None:
+    """_take_literal of a call's closing tag, where the text may end before the tag or inside
+    it (the model stopped, or the length limit cut it): the call was complete already."""
+    if final and closing.startswith(pending.strip()):
+        return len(pending)
+    return _take_literal(pending, closing, final, what)
+
+
 class ClosedCallReader:
     """A JSON call object followed by a closing tag (Hermes and the generic format:
     <tool_call>{...}</tool_call>). A text that ends after the object without the tag (the
@@ -178,10 +186,8 @@ class ClosedCallReader:
             if not self.called:
                 return used, False
         rest = pending[used:]
-        if final and not rest.strip():
-            return len(pending), True
-        taken = _take_literal(rest, self.closing, final,
-                              f"tool call {self.call.index} ({self.call.name})")
+        taken = _closing(rest, self.closing, final,
+                         f"tool call {self.call.index} ({self.call.name})")
         return (used, False) if taken is None else (used + taken, True)
 
 
@@ -264,10 +270,8 @@ class NamedArgumentsReader:
         used = 0
         if self.index is None:
             at = pending.find("[ARGS]")
-            if at < 0:
-                if final:
-                    raise ToolCallError(f"a [TOOL_CALLS] call has no [ARGS]: {pending[:60]!r}")
-                return 0, False
+            if at < 0:  # at the end of the text: cut before its arguments, no call
+                return (len(pending), False) if final else (0, False)
             self.name = pending[:at].strip()
             self.index = self.sink.start(self.name)
             self.end = JsonEnd(f"tool call {self.index} ({self.name})")
@@ -328,9 +332,7 @@ class XmlCallReader:
             stripped = rest.lstrip()
             skipped = len(rest) - len(stripped)
             if self.done:
-                if final and not stripped:
-                    return len(pending), True
-                taken = _take_literal(rest, "</tool_call>", final, f"tool call {self.index}")
+                taken = _closing(rest, "</tool_call>", final, f"tool call {self.index}")
                 return (used, False) if taken is None else (used + taken, True)
             opening = "<function=" if self.index is None else "<parameter="
             if self.index is not None and stripped.startswith("</function>"):

@@ -4,9 +4,12 @@ stream events, made from the model's text by the request's tool-call splitter.
 Invariant: a streamed response assembles to the whole response for the same text: the content
 deltas concatenate to the message's content, each call's first delta carries its index, id and
 name and the argument deltas concatenate to its arguments (OpenAI `tool_calls`, Anthropic
-`input_json_delta` of a `tool_use` block), and no text delta carries call markup. Model text
-whose calls do not parse raises ToolCallError (a 500 for a whole response, an error event in a
-stream, which has already sent what came before).
+`input_json_delta` of a `tool_use` block), and no text delta carries call markup. A call is sent
+once it is complete (its deltas come together); a call the text ends inside (cut by max_tokens
+or a stop token) is neither a call nor content, whole or streamed, so every call a response
+holds has arguments that parse, and the response goes back into a history as it is. Model text
+whose complete calls do not parse raises ToolCallError (a 500 for a whole response, an error
+event in a stream, which has already sent what came before).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from typing import Any
 from exactdraft.server.tool_calls.formats import CallArguments, CallEnd, CallStart, Content, collect
 from exactdraft.server.tool_calls.requests import ToolRequest
 
+# Finish reasons of a text cut short by the length limit (max_tokens or the context).
+CUT = ("length", "context", "incomplete")
 
-def openai_message(request: ToolRequest, text: str, id_prefix: str) -> dict[str, Any]:
+
+def openai_message(request: ToolRequest, text: str, id_prefix: str,
+                   cut: bool = False) -> dict[str, Any]:
     """A whole chat message for a model text: content and tool_calls (content null when the
-    text was only calls)."""
-    content, calls = parse(request, text, id_prefix)
+    text was only calls). `cut`: the text was cut by the length limit."""
+    content, calls = parse(request, text, id_prefix, cut)
     message: dict[str, Any] = {"role": "assistant",
                                "content": None if calls and not content.strip() else content}
     if calls:
@@ -31,9 +38,10 @@ def openai_message(request: ToolRequest, text: str, id_prefix: str) -> dict[str,
     return message
 
 
-def parse(request: ToolRequest, text: str, id_prefix: str) -> tuple[str, list[Any]]:
+def parse(request: ToolRequest, text: str, id_prefix: str,
+          cut: bool = False) -> tuple[str, list[Any]]:
     splitter = request.splitter(id_prefix)
-    return collect(splitter.feed(text) + splitter.finish())
+    return collect(splitter.feed(text) + splitter.finish(cut))
 
 
 def openai_delta(events: list[Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -53,15 +61,16 @@ def openai_delta(events: list[Any]) -> tuple[str, list[dict[str, Any]]]:
     return "".join(content), list(entries.values())
 
 
-def anthropic_blocks(request: ToolRequest, text: str, id_prefix: str) -> list[dict[str, Any]]:
+def anthropic_blocks(request: ToolRequest, text: str, id_prefix: str,
+                     cut: bool = False) -> list[dict[str, Any]]:
     """The content blocks of a whole message: the text (when there is any, or no call) and a
-    tool_use block per call (an incomplete call, cut by max_tokens, has input {})."""
-    content, calls = parse(request, text, id_prefix)
+    tool_use block per complete call."""
+    content, calls = parse(request, text, id_prefix, cut)
     blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] \
         if content or not calls else []
     for call in calls:
         blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                       "input": json.loads(call.arguments) if call.complete else {}})
+                       "input": json.loads(call.arguments)})
     return blocks
 
 
@@ -90,9 +99,11 @@ class AnthropicBlocks:
                                                   "index": self.count - 1,
                                                   "content_block": block})]
 
-    def events(self, text: str, final: bool) -> list[tuple[str, dict[str, Any]]]:
+    def events(self, text: str, final: bool, cut: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """The events of the next piece of text (`final`: the last, `cut` by the length
+        limit)."""
         out: list[tuple[str, dict[str, Any]]] = []
-        found = self.splitter.feed(text) + (self.splitter.finish() if final else [])
+        found = self.splitter.feed(text) + (self.splitter.finish(cut) if final else [])
         for event in found:
             if isinstance(event, Content):
                 if self.open != "text":

@@ -10,10 +10,18 @@ Calls in the model's output are read by exactdraft/server/tool_calls/formats.py 
 the checkpoint's chat template uses (the generic format, with exactdraft's tools prompt, where
 the template has no tool support).
 
-Constraints: `constraint_for` is the one hook that says what the output must follow: the Lark
-grammar (llguidance's dialect) of the calls a request requires (tool_choice required or named)
-or of strict functions' arguments; the server builds `Wanted.constraint` from it for the
-engine's constraint support to apply.
+Constraints: `constraint_for` is the one hook that says what the output must follow: the
+constraint (a Lark grammar in llguidance's dialect) of the calls a request requires (tool_choice
+required or named) or of strict functions' arguments, for the engine's constraint support to
+apply. Arguments are compact JSON (exactdraft.constraints.COMPACT_JSON) and the objects of the
+schemas are closed (server/json_schemas.py) unless the request sends `"closed_objects": false`;
+a schema the constraint cannot be built from is refused naming its field
+(`tools[2].function.parameters`, `tools[2].input_schema`).
+
+How many calls: a named tool_choice gives exactly one; "required" (Anthropic "any") one unless
+parallel calls are asked for (OpenAI `parallel_tool_calls: true`, Anthropic
+`disable_parallel_tool_use: false`); "auto" as each API documents its default, several unless
+refused (`parallel_tool_calls: false`, `disable_parallel_tool_use: true`).
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactdraft.errors import ParameterError, TokenizerError
+from exactdraft.errors import ConstraintError, ParameterError, TokenizerError
 from exactdraft.loading.chat_template import render_chat_with_tools
 from exactdraft.server.fields import ROLES, RequestError, checked_text, text_content, typed
+from exactdraft.server.json_schemas import closed
 from exactdraft.server.tool_calls.formats import (
     GENERIC,
     ToolCallSplitter,
@@ -42,12 +51,15 @@ NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 @dataclass
 class ToolRequest:
     """The tools of one request: the functions, the choice ("auto", "none", "required" or a
-    function's name), whether calls may come several at a time, and the call format."""
+    function's name), whether calls may come several at a time, the call format, where each
+    function's schema is in the request (for errors), and whether its objects are closed."""
 
     functions: list[dict[str, Any]]
     choice: str = "auto"
     parallel: bool = True
     format: ToolFormat = GENERIC
+    schema_fields: list[str] = field(default_factory=list)
+    closed_objects: bool = True
     schemas: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,16 +75,57 @@ class ToolRequest:
                                 max_calls=None if self.parallel else 1)
 
 
-def constraint_for(request: ToolRequest | None) -> str | None:
-    """The grammar the output must follow for this request, or None when it is free (see the
-    module docstring)."""
+def constraint_for(request: ToolRequest | None) -> Any:
+    """The exactdraft.Constraint the output must follow for this request, or None when it is
+    free (see the module docstring)."""
+    from exactdraft.constraints.constraint import Constraint
+
     if request is None or not request.active:
         return None
+    functions = [{**f, "parameters": closed(f["parameters"])}
+                 if request.closed_objects and "parameters" in f else f
+                 for f in request.functions]
     try:
-        return constraint_grammar(request.format, request.functions, request.choice,
-                                  request.parallel)
+        grammar = constraint_grammar(request.format, functions, request.choice,
+                                     request.parallel)
     except ToolCallError as error:
         raise RequestError(str(error), "tool_choice") from None
+    if grammar is None:
+        return None
+    try:
+        return Constraint.grammar(grammar)
+    except ConstraintError as error:
+        _refuse_schema(request, functions)
+        reason = str(error).splitlines()[0]
+        raise RequestError(f"the tools' call grammar cannot be built: {reason}",
+                           "tools") from None
+
+
+def _refuse_schema(request: ToolRequest, functions: list[dict[str, Any]]) -> None:
+    """A RequestError naming the first schema in the call grammar that cannot be followed
+    alone (its own field, not the grammar)."""
+    from exactdraft.constraints.constraint import Constraint
+
+    fields = request.schema_fields or [f"tools[{i}]" for i in range(len(functions))]
+    for function, where in zip(functions, fields):
+        in_grammar = request.choice == "required" or function["name"] == request.choice or \
+            (request.choice == "auto" and function.get("strict"))
+        if not in_grammar or function.get("parameters") is None:
+            continue
+        try:
+            Constraint.json_schema(function["parameters"])
+        except ConstraintError as error:
+            raise RequestError(f"{where}: {error}", where) from None
+
+
+def _parallel(choice: str, asked: bool | None) -> bool:
+    """Whether calls may come several at a time (see the module docstring); `asked`: what the
+    request says, None when it says nothing."""
+    if choice not in ("auto", "required", "none"):
+        return False  # a named function: exactly one call
+    if asked is not None:
+        return asked
+    return choice != "required"
 
 
 def _function(name: Any, description: Any, parameters: Any, strict: Any,
@@ -160,8 +213,14 @@ def openai_tools(body: Mapping[str, Any], template: str | None) -> ToolRequest |
         if choice not in ("auto", "none"):
             raise RequestError("tool_choice needs tools", "tool_choice")
         return None
-    parallel = typed(body, "parallel_tool_calls", (bool,), "true or false", True)
-    return ToolRequest(_unique(functions, "tools"), choice, parallel, detect_format(template))
+    parallel = _parallel(choice, typed(body, "parallel_tool_calls", (bool,), "true or false"))
+    return ToolRequest(_unique(functions, "tools"), choice, parallel, detect_format(template),
+                       [f"tools[{i}].function.parameters" for i in range(len(functions))],
+                       _closed_objects(body))
+
+
+def _closed_objects(body: Mapping[str, Any]) -> bool:
+    return typed(body, "closed_objects", (bool,), "true or false", True)
 
 
 def anthropic_tools(body: Mapping[str, Any], template: str | None) -> ToolRequest | None:
@@ -177,7 +236,7 @@ def anthropic_tools(body: Mapping[str, Any], template: str | None) -> ToolReques
                                    tool.get("input_schema"), tool.get("strict"),
                                    where, "name", "input_schema", schema_required=True))
     choice = body.get("tool_choice")
-    parallel = True
+    asked = None
     if choice is None:
         choice = "auto"
     elif not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool",
@@ -185,8 +244,8 @@ def anthropic_tools(body: Mapping[str, Any], template: str | None) -> ToolReques
         raise RequestError('tool_choice must be {"type": "auto" | "any" | "tool" | "none"}',
                            "tool_choice")
     else:
-        parallel = not typed(choice, "disable_parallel_tool_use", (bool,), "true or false",
-                             False)
+        disable = typed(choice, "disable_parallel_tool_use", (bool,), "true or false")
+        asked = None if disable is None else not disable
         kind = choice["type"]
         if kind == "tool":
             if not isinstance(choice.get("name"), str):
@@ -199,7 +258,10 @@ def anthropic_tools(body: Mapping[str, Any], template: str | None) -> ToolReques
         if choice not in ("auto", "none"):
             raise RequestError("tool_choice needs tools", "tool_choice")
         return None
-    return ToolRequest(_unique(functions, "tools"), choice, parallel, detect_format(template))
+    return ToolRequest(_unique(functions, "tools"), choice, _parallel(choice, asked),
+                       detect_format(template),
+                       [f"tools[{i}].input_schema" for i in range(len(functions))],
+                       _closed_objects(body))
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
@@ -228,7 +290,7 @@ def openai_history(value: Any) -> list[dict[str, Any]]:
             raise RequestError(f"{where}.role {json.dumps(role)[:40]} is not one of "
                                f"{', '.join(sorted((*ROLES, 'tool')))}", f"{where}.role")
         content = message.get("content")
-        if role == "assistant" and content is None and message.get("tool_calls"):
+        if role == "assistant" and content is None:  # a reply that was only calls, or cut
             content = ""
         entry: dict[str, Any] = {"role": ROLES.get(role, role),
                                  "content": text_content(content, f"{where}.content")}
@@ -292,6 +354,8 @@ def anthropic_history(value: Any, system: str | None) -> list[dict[str, Any]]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 texts.append(text_content([block], f"{where}.content"))
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # a client returns the reasoning it was given; a template has none
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"),
                                                                           str):

@@ -120,12 +120,17 @@ def test_each_format_parses_its_calls_from_any_cut_of_the_text(name, text, conte
         check_events(run(tool_format, pieces), content, calls)
 
 
-def test_arguments_stream_before_the_call_ends():
-    """In the common key order the arguments go out as they are written, not at the end."""
-    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
-    events = run(format_named("hermes"), [text])[:2]
+def test_a_call_goes_out_once_it_ends():
+    """A call's events wait for its end, so a stream never carries a call that does not
+    complete; the end releases them in order (the start, the arguments as written, the end)."""
+    splitter = ToolCallSplitter(format_named("hermes"), TOOLS)
+    assert splitter.feed('Hi <tool_call>{"name": "get_weather", "arguments": {"city": "Par') \
+        == [Content("Hi")]
+    events = splitter.feed('is"}}</tool_call>')
     assert events[0] == CallStart(0, "call_0", "get_weather")
-    assert events[1] == CallArguments(0, '{"city": "Par')
+    assert events[-1] == CallEnd(0, '{"city": "Paris"}', True)
+    assert "".join(e.text for e in events[1:-1]) == '{"city": "Paris"}'
+    assert all(isinstance(e, CallArguments) for e in events[1:-1])
 
 
 def test_content_that_could_open_a_call_is_held_back_until_settled():
@@ -159,12 +164,54 @@ def test_markup_that_does_not_parse_raises_naming_the_call(name, text, message):
         parse_tool_calls(text, format_named(name), TOOLS)
 
 
-def test_a_text_cut_inside_a_call_ends_it_incomplete():
-    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
-    content, calls = parse_tool_calls(text, format_named("generic"), TOOLS)
-    assert content == "" and calls == [ToolCall("call_0", "get_weather", '{"city": "Pa',
-                                                complete=False)]
+MARKERS = [marker for row in FORMATS for marker in row.markers]
+
+
+@pytest.mark.parametrize("name, text, content, calls", SAMPLES,
+                         ids=[f"{s[0]}-{i}" for i, s in enumerate(SAMPLES)])
+def test_a_text_cut_anywhere_gives_only_whole_calls_and_no_markup(name, text, content, calls):
+    """Every prefix of a well-formed text, as the length limit cuts it: no error, the calls
+    are the whole text's first calls with arguments that parse, a call the cut falls inside is
+    gone (no partial arguments), and the content is the whole content's start with no piece of
+    a start marker at its end."""
+    tool_format = format_named(name)
+    whole = [ToolCall(f"call_{i}", n, a) for i, (n, a) in enumerate(calls)]
+    inside = 0  # prefixes cut inside a call's markup (the control: the cuts reach a call)
+    for cut in range(len(text) + 1):
+        got_content, got_calls = parse_tool_calls(text[:cut], tool_format, TOOLS, cut=True)
+        assert got_calls == whole[:len(got_calls)], (cut, got_calls)
+        assert all(isinstance(json.loads(c.arguments), dict) for c in got_calls)
+        assert content.startswith(got_content) or got_content.rstrip() == content, cut
+        assert not any(marker.startswith(got_content[-size:]) for marker in MARKERS
+                       for size in range(1, len(marker)) if len(got_content) >= size), cut
+        streamed = collect(run_cut(tool_format, list(text[:cut])))
+        assert streamed == (got_content, got_calls), cut
+        inside += len(got_calls) < len(whole) and got_content.strip() != text[:cut].strip()
+    assert inside > 0 or not calls
+
+
+def run_cut(tool_format, pieces):
+    """The events of a splitter fed `pieces`, finished as cut by the length limit."""
+    splitter = ToolCallSplitter(tool_format, TOOLS)
+    events = [e for piece in pieces for e in splitter.feed(piece)]
+    return events + splitter.finish(cut=True)
+
+
+def test_a_text_cut_inside_a_call_drops_it():
+    text = 'A <tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
+    assert parse_tool_calls(text, format_named("generic"), TOOLS) == ("A", [])
+    assert parse_tool_calls(text, format_named("generic"), TOOLS, cut=True) == ("A", [])
     assert parse_tool_calls("<tool_call>", format_named("generic"), TOOLS) == ("", [])
+    # A start marker cut short is dropped with its whitespace when the length limit cut it;
+    # at a natural end it is text (control).
+    assert parse_tool_calls("Sure.\n<tool_", format_named("generic"), TOOLS, cut=True) == \
+        ("Sure.", [])
+    assert parse_tool_calls("Sure.\n<tool_", format_named("generic"), TOOLS) == \
+        ("Sure.\n<tool_", [])
+    # A closing tag cut short: the call was whole.
+    done = '<tool_call>{"name": "now", "arguments": {}}</tool_call'
+    assert parse_tool_calls(done, format_named("generic"), TOOLS, cut=True) == \
+        ("", [ToolCall("call_0", "now", "{}")])
 
 
 def test_max_calls_drops_the_later_calls_and_their_markup():

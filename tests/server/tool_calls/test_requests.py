@@ -451,17 +451,21 @@ def test_a_template_with_tools_renders_natively_through_both_apis(tmp_path):
         assert bare["choices"][0]["receipt"]["prompt_ids_sha256"] != digest
 
 
-def test_a_call_cut_by_max_tokens_ends_incomplete(service_and_result):
-    """OpenAI: finish_reason length and the arguments written so far; Anthropic: max_tokens,
-    the tool_use block with an empty input."""
+def test_a_call_cut_by_max_tokens_is_dropped(service_and_result):
+    """OpenAI: finish_reason length and the content before the call; Anthropic: max_tokens and
+    the text block; no call with arguments cut short in either (tests/server/test_tool_loops.py
+    cuts live calls at every token)."""
     service, result = service_and_result
     text = 'A. <tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
     wanted = Wanted(prompt=[1], max_tokens=8, tools=ToolRequest([FUNCTION]))
     cut = dataclasses.replace(result, text=text, finish_reason="length", stop=None)
     choice = openai_api.Reply(service, True, wanted, [1]).whole([cut])["choices"][0]
-    assert choice["finish_reason"] == "length" and choice["message"]["content"] == "A."
-    assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Pa'
+    assert choice["finish_reason"] == "length"
+    assert choice["message"] == {"role": "assistant", "content": "A."}
     message = anthropic_api.Reply(service, wanted, [1]).whole([cut])
     assert message["stop_reason"] == "max_tokens"
-    assert message["content"][1] == {"type": "tool_use", "id": message["content"][1]["id"],
-                                     "name": "get_weather", "input": {}}
+    assert message["content"] == [{"type": "text", "text": "A."}]
+    # Control: the same text, whole, is a call.
+    whole = dataclasses.replace(cut, text=text + 'ris"}}</tool_call>', finish_reason="stop")
+    assert anthropic_api.Reply(service, wanted, [1]).whole([whole])["content"][1]["input"] \
+        == {"city": "Paris"}

@@ -17,7 +17,7 @@ from typing import Any
 
 from exactdraft.server.fields import RequestError
 
-STORED_RESPONSES = 1024
+STORED_RESPONSES = 256
 
 
 class ResponseStore:

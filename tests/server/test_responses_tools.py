@@ -19,6 +19,7 @@ name.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -286,9 +287,10 @@ def test_a_tool_call_and_its_answer_through_the_openai_client(smollm2_server) ->
 
 @needs_smollm2
 def test_the_agents_sdk_runs_its_tool_loop(smollm2_server) -> None:
-    """An Agent with one function tool on the SDK's default OpenAIResponsesModel: the call is
-    forced on the first turn (tool_choice required; the SDK then resets it to auto), the tool
-    runs, and the final answer is the server's answer to the conversation so far."""
+    """An Agent with one function tool on the SDK's default OpenAIResponsesModel, run whole and
+    streamed: the call is forced on the first turn (tool_choice required; the SDK then resets
+    it to auto), the tool runs, and the final answer is the server's answer to the
+    conversation so far asked directly."""
     import asyncio
 
     agents = pytest.importorskip("agents")
@@ -302,28 +304,36 @@ def test_the_agents_sdk_runs_its_tool_loop(smollm2_server) -> None:
         called.append(city)
         return "rainy, 12 C"
 
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-    settings = agents.ModelSettings(temperature=0, max_tokens=200, tool_choice="required",
-                                    parallel_tool_calls=False)
-    agent = agents.Agent(name="weather", instructions="Answer questions about the weather.",
-                         tools=[get_weather], model_settings=settings,
-                         model=agents.OpenAIResponsesModel("smollm2", openai_client=client))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
-    assert called == ["Paris"]
-    first, last = result.raw_responses[0], result.raw_responses[-1]
-    assert len(result.raw_responses) == 2 and first.output[0].type == "function_call"
-    assert isinstance(result.final_output, str) and result.final_output
-    # the same conversation asked directly gives the same answer
-    call = first.output[0]
+    instructions, question = "Answer questions about the weather.", "What is the weather in Paris?"
+
+    async def run() -> tuple[Any, Any, list[str]]:
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        settings = agents.ModelSettings(temperature=0, max_tokens=200, tool_choice="required",
+                                        parallel_tool_calls=False)
+        agent = agents.Agent(name="weather", instructions=instructions, tools=[get_weather],
+                             model_settings=settings,
+                             model=agents.OpenAIResponsesModel("smollm2", openai_client=client))
+        whole = await agents.Runner.run(agent, question)
+        streamed = agents.Runner.run_streamed(agent, question)
+        kinds = [event.data.type async for event in streamed.stream_events()
+                 if event.type == "raw_response_event"]
+        return whole, streamed, kinds
+
+    whole, streamed, kinds = asyncio.run(run())
+    assert called == ["Paris", "Paris"]
+    assert {"response.function_call_arguments.delta", "response.output_text.delta"} <= set(kinds)
     direct = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     tool = {"type": "function", "name": "get_weather", "description": get_weather.description,
             "parameters": get_weather.params_json_schema, "strict": True}
-    answer = direct.responses.create(
-        model="smollm2", instructions="Answer questions about the weather.", tools=[tool],
-        parallel_tool_calls=False, temperature=0, max_output_tokens=200,
-        input=[{"role": "user", "content": "What is the weather in Paris?"},
-               call.model_dump(exclude_none=True),
-               {"type": "function_call_output", "call_id": call.call_id,
-                "output": "rainy, 12 C"}])
-    assert result.final_output == answer.output_text
-    assert last.output[0].type == "message"
+    for result in (whole, streamed):
+        first, last = result.raw_responses
+        call = first.output[0]
+        assert call.type == "function_call" and last.output[0].type == "message"
+        answer = direct.responses.create(
+            model="smollm2", instructions=instructions, tools=[tool], parallel_tool_calls=False,
+            temperature=0, max_output_tokens=200,
+            input=[{"role": "user", "content": question}, call.model_dump(exclude_none=True),
+                   {"type": "function_call_output", "call_id": call.call_id,
+                    "output": "rainy, 12 C"}])
+        assert isinstance(result.final_output, str) and result.final_output
+        assert result.final_output == answer.output_text

@@ -125,3 +125,17 @@ def test_bad_bodies_name_the_field(live, path, body, field) -> None:
     assert reply["error"]["param"] == field and reply["error"]["type"] == \
         "invalid_request_error"
 
+
+
+def test_a_model_without_a_tokenizer_refuses_all_three() -> None:
+    from types import SimpleNamespace
+
+    from exactdraft.server.fields import RequestError
+    from exactdraft.server.tokenizer_api import detokenized, info, tokenized
+
+    service = SimpleNamespace(tokenizer=None, check_model=lambda body: None)
+    for ask in (lambda: info(service), lambda: tokenized({"prompt": "a"}, service),
+                lambda: detokenized({"tokens": [1]}, service)):
+        with pytest.raises(RequestError, match="no tokenizer") as refused:
+            ask()
+        assert refused.value.status == 400

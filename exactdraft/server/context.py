@@ -1,12 +1,13 @@
 """What every endpoint handler is given: the request and what the server's endpoints share,
 and what the request came to (for its log line and the metrics).
 
-Invariant: one Shared per application (its service, engine, served model name and metrics), one
-Call per HTTP request. A call is finished exactly once, when its outcome is known and before
-its last byte is sent (a whole response: when the handler returns; a stream: before its final
-event, or when the client goes away): then it writes one log line (logger
-`exactdraft.server`: method, path, status, prompt, cached, completion, drafted and accepted
-tokens, milliseconds) and moves the metrics by exactly the token counts the response reports.
+Invariant: one Shared per application (its service, engine, served model name, metrics and
+recent Responses API conversations), one Call per HTTP request. A call is finished exactly
+once, when its outcome is known and before its last byte is sent (a whole response: when the
+handler returns; a stream: before its final event, or when the client goes away): then it
+writes one log line (logger `exactdraft.server`: method, path, status, prompt, cached,
+completion, drafted and accepted tokens, milliseconds) and moves the metrics by exactly the
+token counts the response reports.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from exactdraft.decoding import Chunk, GenerationResult
 from exactdraft.engine import Engine, Submission
+from exactdraft.server.responses_store import ResponseStore
 from exactdraft.server.service import Service
 
 log = logging.getLogger("exactdraft.server")
@@ -31,6 +33,7 @@ class Shared:
     model_name: str
     on_shutdown: Callable[[], None] | None = None
     metrics: Any = None  # exactdraft.server.metrics.Metrics, when prometheus_client is there
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
 
 @dataclass

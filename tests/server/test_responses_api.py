@@ -1,6 +1,6 @@
-"""The stateless OpenAI Responses API through the official client: text and message input,
-whole and streamed, each equal to the serial Python API's answer to the same chat; refusals
-of what a stateless server cannot do name the field."""
+"""The OpenAI Responses API through the official client: text and message input, whole and
+streamed, each equal to the serial Python API's answer to the same chat; refusals of what the
+server cannot do name the field (tools and previous_response_id: test_responses_tools.py)."""
 
 from __future__ import annotations
 
@@ -78,12 +78,14 @@ def test_message_items_streamed_equal_whole(client, served_generator) -> None:
 
 @pytest.mark.parametrize("fields, param", [
     (dict(previous_response_id="resp_1"), "previous_response_id"),
-    (dict(tools=[{"type": "function", "name": "f"}]), "tools"),
+    (dict(conversation="conv_1"), "conversation"),
+    (dict(tools=[{"type": "web_search"}]), "tools[0].type"),
     (dict(text={"format": {"type": "json_object"}}), "text.format"),
     (dict(input=[]), "input"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image"}]}]),
      "input[0].content[0]"),
-    (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].type"),
+    (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
+    (dict(input=[{"type": "item_reference", "id": "x"}]), "input[0].type"),
     (dict(input=[{"role": "wizard", "content": "x"}]), "input[0].role"),
     (dict(max_output_tokens=0), "max_output_tokens"),
     (dict(temperature=-1), "temperature"),

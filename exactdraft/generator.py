@@ -17,6 +17,7 @@ run in parallel (an exactdraft.engine.Engine batches them into shared passes ins
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import warnings
@@ -89,6 +90,15 @@ class Stream(Iterator[Chunk]):
 
 _GENERATOR_OPTIONS = ("prefill_chunk", "adaptive_depth", "guard", "sampling", "stop_tokens")
 _DEFAULT_MAX_NEW_TOKENS = 256
+
+
+def positional_sampling(max_new_tokens: Any, sampling: Any) -> tuple[Any, Any]:
+    """(max_new_tokens, sampling) of a call that may give the sampling settings second, as
+    vLLM's `llm.generate(prompts, sampling_params)` does: a SamplingParams or a dict in the
+    max_new_tokens place is the sampling (its max_tokens then applies, or max_tokens=)."""
+    if sampling is None and isinstance(max_new_tokens, (SamplingParams, Mapping)):
+        return None, max_new_tokens
+    return max_new_tokens, sampling
 
 
 class Generator:
@@ -201,8 +211,10 @@ class Generator:
         from exactdraft import pretrained
         from exactdraft.backends.registry import get_backend
 
+        named = [name for name in inspect.signature(cls.from_pretrained).parameters
+                 if name not in ("path_or_id", "options")]
         pretrained.check_options(options, pretrained.LOADING_OPTIONS + _GENERATOR_OPTIONS,
-                                 "from_pretrained")
+                                 "from_pretrained", named)
         check_pretrained_arguments(path_or_id, backend, drafter, device, dtype, max_context)
         own = {name: options.pop(name) for name in _GENERATOR_OPTIONS if name in options}
         check_flags(strict=strict, progress=progress, **{
@@ -279,6 +291,7 @@ class Generator:
         TokenizerError for text) and the Generator stays usable. On Ctrl-C the
         KeyboardInterrupt propagates and the tokens of this call are dropped, the Generator
         stays usable; to keep a partial reply, iterate `stream()` and read its `result`."""
+        max_new_tokens, sampling = positional_sampling(max_new_tokens, sampling)
         options = request_options(options, SAMPLING_FIELDS, "generate", sampling is not None)
         sampling = options.pop("sampling", sampling)  # passed as sampling_params=
         prompts = several_prompts(prompt)
@@ -316,6 +329,7 @@ class Generator:
         still grow into a stop string is held back until it cannot. A stream cut short
         (Ctrl-C, close()) keeps what it yielded, and its `result` is the partial result
         (finish_reason "interrupted")."""
+        max_new_tokens, sampling = positional_sampling(max_new_tokens, sampling)
         options = request_options(options, SAMPLING_FIELDS, "stream", sampling is not None)
         sampling = options.pop("sampling", sampling)  # passed as sampling_params=
         if several_prompts(prompt) is not None:

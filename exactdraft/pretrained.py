@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,9 +180,11 @@ def load_target(path_or_id: str | None, backend: Any = "auto", *, device: str | 
                         dtype=dtype, max_context=max_context)
 
 
-def check_options(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> None:
-    """A ParameterError naming the first unknown keyword and listing the valid ones."""
+def check_options(options: Mapping[str, Any], valid: tuple[str, ...], where: str,
+                  named: Sequence[str] = ()) -> None:
+    """A ParameterError naming the first unknown keyword and listing the valid ones: `valid`
+    and the function's own `named` parameters alike, since a caller cannot tell them apart."""
     for name in options:
         if name not in valid:
             raise ParameterError(f"{where}() got an unknown option {name!r}; valid options: "
-                                 f"{', '.join(sorted(valid))}")
+                                 f"{', '.join(sorted({*valid, *named}))}")

@@ -281,3 +281,31 @@ def test_the_readme_quickstart_runs_and_drafts(capsys):
                         f"{[round(c / costs[0], 2) for c in costs]} x one row at load, so "
                         "no draft pays at the prior acceptance on this host now")
     assert tokens_per_pass > 1.0, out
+
+
+@pytest.mark.parametrize("command", ["generate", "check", "serve", "train-drafter"])
+def test_every_command_takes_the_version_flag(command, capsys):
+    from exactdraft import __version__
+    from exactdraft.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "-V"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"exactdraft {__version__}"
+
+
+def test_the_server_extra_brings_what_structured_output_and_tools_need():
+    """`pip install ".[server]"` installs llguidance, which response_format, the constraint
+    field and tool calls need; the README's install line says so."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    brought = set(extras["server"])
+    for entry in list(brought):
+        if entry.startswith("exactdraft["):
+            for extra in entry[len("exactdraft["):-1].split(","):
+                brought.update(extras[extra])
+    assert any(entry.startswith("llguidance") for entry in brought), brought
+    assert re.search(r'pip install -e "\.\[server\]".*llguidance', (root / "README.md").read_text())

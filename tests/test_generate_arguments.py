@@ -36,6 +36,34 @@ def test_sampling_keywords_are_shorthand_for_sampling_params(generator):
     assert streamed == expected.tokens
 
 
+def test_sampling_params_may_come_second_as_in_vllm(generator):
+    """`generate(prompt, sampling_params)` (vLLM's positional form) reads the SamplingParams
+    (or dict) as the sampling, its max_tokens included, and takes max_tokens= beside it;
+    stream does the same. Control: an integer second argument is still max_new_tokens."""
+    params = xd.SamplingParams(temperature=0.7, seed=1, max_tokens=9)
+    expected = generator.generate(PROMPT, sampling=params, stop_tokens=[])
+    assert len(expected.tokens) == 9
+    assert generator.generate(PROMPT, params, stop_tokens=[]).tokens == expected.tokens
+    assert generator.generate(PROMPT, {"temperature": 0.7, "seed": 1, "max_tokens": 9},
+                              stop_tokens=[]).tokens == expected.tokens
+    shorter = generator.generate(PROMPT, params, max_tokens=4, stop_tokens=[])
+    assert shorter.tokens == expected.tokens[:4]
+    streamed = [t for chunk in generator.stream(PROMPT, params, stop_tokens=[])
+                for t in chunk.tokens]
+    assert streamed == expected.tokens
+    assert len(generator.generate(PROMPT, 5, params, stop_tokens=[]).tokens) == 5
+
+
+def test_an_unknown_from_pretrained_option_lists_every_valid_one(tiny_checkpoints):
+    with pytest.raises(xd.ParameterError) as refused:
+        xd.Generator.from_pretrained(tiny_checkpoints["llama"], keep_quantised=True)
+    listed = str(refused.value).split("valid options: ")[1].split(", ")
+    for name in ("device", "dtype", "backend", "drafter", "strict", "progress", "max_context",
+                 "keep_quantized", "prefill_chunk", "tensor_parallel"):
+        assert name in listed, name
+    assert "path_or_id" not in listed and "options" not in listed
+
+
 @pytest.mark.parametrize("call,match", [
     (dict(sampling=xd.SamplingParams(seed=1), temperature=0.5), "both sampling= and temperature="),
     (dict(max_new_tokens=4, max_tokens=4), "both max_new_tokens= and max_tokens="),

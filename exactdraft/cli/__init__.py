@@ -108,17 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also run serially and show that the two replies are identical "
                                "(default: off)")
     shape = generate.add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", metavar="SCHEMA",
-                       help="constrain the reply to a JSON schema: the schema's JSON text or a "
-                            "file holding it (default: none)")
-    shape.add_argument("--regex", help="constrain the reply to a regular expression "
-                       "(default: none)")
-    shape.add_argument("--grammar", metavar="PATH",
-                       help="constrain the reply to a Lark grammar read from PATH "
-                            "(default: none)")
-    shape.add_argument("--choices", metavar="A,B,...",
-                       help="constrain the reply to one of these comma-separated texts "
-                            "(default: none)")
+    from exactdraft.constraints.kinds import KINDS
+
+    for kind in KINDS:
+        shape.add_argument(kind.flag, metavar=kind.flag_metavar, dest=kind.name,
+                           help=f"{kind.flag_help} (default: none)")
     generate.add_argument("--json", action="store_true",
                           help="print one JSON object instead of streaming text: tokens, "
                                "text, finish reason, stats and receipt (default: off)")
@@ -173,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(commands.add_parser("train-drafter", help="train a draft head (DraftHead) "
                                       "for a model on text it writes itself (needs torch)"))
+    for command in commands.choices.values():  # `exactdraft generate -V` as well
+        command.add_argument("-V", "--version", action="version",
+                             version=f"exactdraft {__version__}")
     return parser
 
 

@@ -93,30 +93,30 @@ def read_prompts(path: str | None, raw: bool) -> list[Any]:
 
 
 def read_constraint(args: argparse.Namespace) -> Any:
-    """The Constraint that --json-schema, --regex, --grammar or --choices names, or None; a
-    bad one is refused (naming the flag) before a model loads."""
+    """The Constraint that a constraint flag (one per row of constraints/kinds.py: --json-schema,
+    --regex, --grammar, --gbnf, --choices) names, or None; a bad one is refused (naming the flag)
+    before a model loads."""
+    from exactdraft.constraints.kinds import KINDS
     from exactdraft.errors import ConstraintError, ParameterError
 
-    flags = (("--json-schema", args.json_schema), ("--regex", args.regex),
-             ("--grammar", args.grammar), ("--choices", args.choices))
-    given = [(flag, value) for flag, value in flags if value is not None]
+    given = [(kind, getattr(args, kind.name)) for kind in KINDS
+             if getattr(args, kind.name, None) is not None]
     if not given:
         return None
-    from exactdraft.constraints.constraint import Constraint
-
-    flag, value = given[0]
+    kind, value = given[0]
+    flag = kind.flag
     try:
-        if flag == "--json-schema":
+        if kind.flag_argument == "json_or_path":
             text = value if value.lstrip().startswith("{") else \
                 _read_text(value, f"{flag} ", path=True)
             try:
-                return Constraint.json_schema(json.loads(text))
+                value = json.loads(text)
             except json.JSONDecodeError as error:
                 raise ParameterError(f"{flag}: not JSON ({error})") from None
-        if flag == "--regex":
-            return Constraint.regex(value)
-        if flag == "--grammar":
-            return Constraint.grammar(_read_text(value, f"{flag} ", path=True))
-        return Constraint.choices([choice for choice in value.split(",") if choice])
+        elif kind.flag_argument == "path":
+            value = _read_text(value, f"{flag} ", path=True)
+        elif kind.flag_argument == "comma_list":
+            value = [choice for choice in value.split(",") if choice]
+        return kind.build(value)
     except ConstraintError as error:
         raise ParameterError(f"{flag}: {error}") from None

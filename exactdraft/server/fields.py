@@ -90,10 +90,6 @@ class Wanted:
     constraint: Any = None
 
 
-# The `constraint` extension field (both APIs): one key naming the kind.
-CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choices")
-
-
 def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any:
     """The request's constraint: OpenAI's response_format (json_schema or json_object), the
     `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
@@ -102,6 +98,7 @@ def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any
     constraint cannot be built. A `strict` response_format's objects are closed
     (server/json_schemas.py) unless the request sends `"closed_objects": false`."""
     from exactdraft.constraints.constraint import Constraint
+    from exactdraft.constraints.kinds import BY_NAME
     from exactdraft.errors import ConstraintError
     from exactdraft.server.json_schemas import closed
 
@@ -124,14 +121,14 @@ def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any
         else:
             raise RequestError("response_format.type must be text, json_object or json_schema",
                                "response_format.type")
-    extension = body.get("constraint")
+    extension = body.get("constraint")  # one key naming a kind of constraints/kinds.py
     if extension is not None:
         if not isinstance(extension, dict) or len(extension) != 1 or \
-                next(iter(extension)) not in CONSTRAINT_KINDS:
+                next(iter(extension)) not in BY_NAME:
             raise RequestError(f"constraint must be an object with one of the keys "
-                               f"{', '.join(CONSTRAINT_KINDS)}", "constraint")
+                               f"{', '.join(BY_NAME)}", "constraint")
         kind, value = next(iter(extension.items()))
-        build = getattr(Constraint, kind)
+        build = BY_NAME[kind].build
         found.append((f"constraint.{kind}", lambda: build(value)))
     if tool_constraint is not None:
         found.append(("tool_choice", lambda: tool_constraint))

@@ -1,5 +1,5 @@
-"""The command line's constraints (generate --json-schema, --regex, --grammar, --choices) and
-`serve --tensor-parallel`: what they run equals the Python API, and bad values are refused by
+"""The command line's constraints (generate --json-schema, --regex, --grammar, --gbnf, --choices)
+and `serve --tensor-parallel`: what they run equals the Python API, and bad values are refused by
 flag before a model loads."""
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ def run_json(capsys, *arguments: str) -> dict:
 def test_each_flag_constrains_the_reply_as_the_api_does(capsys, tmp_path):
     grammar = tmp_path / "answer.lark"
     grammar.write_text('start: "The capital is " CITY "."\nCITY: "Oslo" | "Bergen"\n')
+    gbnf = tmp_path / "answer.gbnf"
+    gbnf.write_text('root ::= "The capital is " ("Oslo" | "Bergen") "."\n')
     cases = [(("--json-schema", json.dumps(SCHEMA)), Constraint.json_schema(SCHEMA)),
              (("--regex", "[A-Z][a-z]+"), Constraint.regex("[A-Z][a-z]+")),
              (("--grammar", str(grammar)), Constraint.grammar(grammar.read_text())),
+             (("--gbnf", str(gbnf)), Constraint.gbnf(gbnf.read_text())),
              (("--choices", "Oslo,Bergen"), Constraint.choices(["Oslo", "Bergen"]))]
     generator = xd.Generator.from_pretrained(None, drafter=xd.PromptLookup(), progress=False)
     for flags, constraint in cases:
@@ -47,11 +50,33 @@ def test_each_flag_constrains_the_reply_as_the_api_does(capsys, tmp_path):
     assert re.fullmatch("[A-Z][a-z]+", run_json(capsys, "--regex", "[A-Z][a-z]+")["text"])
 
 
+def test_the_flags_and_the_server_field_come_from_one_table_of_kinds():
+    """Every row of constraints/kinds.py is a generate flag and a key of the server's
+    `constraint` field, and nothing else is: a kind added to the table is offered by both."""
+    from exactdraft.cli import build_parser
+    from exactdraft.constraints.kinds import KINDS
+    from exactdraft.server.fields import RequestError, constraint_from
+
+    generate = next(action for action in build_parser()._actions
+                    if getattr(action, "choices", None) and "generate" in action.choices)
+    group = next(group for group in generate.choices["generate"]._mutually_exclusive_groups
+                 if any(action.dest == "regex" for action in group._group_actions))
+    flags = {option for action in group._group_actions for option in action.option_strings}
+    assert flags == {kind.flag for kind in KINDS}
+    assert {"--gbnf", "--json-schema", "--regex", "--grammar", "--choices"} <= flags
+    with pytest.raises(RequestError) as refused:
+        constraint_from({"constraint": {"lark": "start: \"a\""}})
+    assert str(refused.value).endswith(", ".join(kind.name for kind in KINDS))
+    built = constraint_from({"constraint": {"gbnf": 'root ::= "yes" | "no"\n'}})
+    assert built == Constraint.gbnf('root ::= "yes" | "no"\n')
+
+
 @pytest.mark.parametrize("flags, named", [
     (("--regex", "a{"), "--regex"),
     (("--json-schema", "{not json"), "--json-schema"),
     (("--json-schema", '{"type": "no-such-type"}'), "--json-schema"),
     (("--grammar", "/no/such/file.lark"), "--grammar"),
+    (("--gbnf", "/no/such/file.gbnf"), "--gbnf"),
     (("--choices", ","), "--choices"),
 ])
 def test_bad_constraints_are_refused_before_loading(capsys, monkeypatch, flags, named):

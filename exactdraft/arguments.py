@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from exactdraft.errors import ParameterError
 
 
@@ -170,16 +172,23 @@ def request_options(options: Mapping[str, Any], sampling_fields: Sequence[str], 
     return own
 
 
+def checked_sample_count(n: Any, most: int | None = None) -> int:
+    """`n`, the samples of one request, as an int: the one check of it for SamplingParams,
+    generate and the Engine (`most`: the sequences that may share a pass). ParameterError
+    unless an integer (numpy's included) in [1, most]."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or \
+            (most is not None and n > most):
+        allowed = ">= 1" if most is None else f"in [1, {most}]"
+        raise ParameterError(f"n must be an integer {allowed}, got {_short(n)}")
+    return int(n)
+
+
 def sample_count(n: Any, sampling: Any, default: int = 1) -> int:
     """Samples per prompt: `n` when given, else the `n` of `sampling` (a SamplingParams or a
     dict of its fields), else `default`. ParameterError unless an integer >= 1."""
     if n is None:
         n = sampling.get("n") if isinstance(sampling, Mapping) else getattr(sampling, "n", None)
-    if n is None:
-        n = default
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ParameterError(f"n must be an integer >= 1, got {_short(n)}")
-    return n
+    return checked_sample_count(default if n is None else n)
 
 
 def _tensor_like(value: Any) -> bool:

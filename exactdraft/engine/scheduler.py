@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.arguments import checked_sample_count
 from exactdraft.decoding import Decoding, RunSource
 from exactdraft.engine.prefix_cache import Block, PrefixCache
 from exactdraft.engine.submission import QueueFull, Submission, sample_seed
@@ -101,9 +102,7 @@ class Engine:
         """Queue one request of `n` samples (Generator.generate's keywords in `options`),
         checked before it is queued (ParameterError naming the argument). Sample j runs with
         seed sample_seed(seed, j), reported in its result. QueueFull when the queue is full."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_sequences:
-            raise ParameterError(f"n must be an integer in [1, {self.max_sequences}], got "
-                                 f"{n!r}")
+        n = checked_sample_count(n, self.max_sequences)
         first = self.generator.prepare(prompt, where="submit", **options)
         runs = [first] + [first.with_seed(sample_seed(first.params.seed, j))
                           for j in range(1, n)]

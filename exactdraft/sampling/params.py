@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from exactdraft.arguments import checked_sample_count
 from exactdraft.errors import ParameterError
 
 _MASK = (1 << 64) - 1  # seeds are unsigned 64-bit integers
@@ -121,8 +122,7 @@ class SamplingParams:
                                             or self.max_tokens < 0):
             raise ParameterError(f"max_tokens must be an integer >= 0 or None, got "
                                  f"{self.max_tokens!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or self.n < 1:
-            raise ParameterError(f"n must be an integer >= 1, got {self.n!r}")
+        object.__setattr__(self, "n", checked_sample_count(self.n))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, Sequence) or \
                 not all(isinstance(text, str) and text for text in stop):

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from exactdraft.cli.common import (
+    EXIT_ENGINE_FAILED,
     EXIT_INTERRUPTED,
     chat_messages,
     is_terminal,
@@ -43,6 +44,7 @@ def validate_serve(args: argparse.Namespace) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from exactdraft.engine import EngineFailed
     from exactdraft.server import serve
     from exactdraft.server.service import check_aliases
 
@@ -62,10 +64,15 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready(bound: tuple[str, int]) -> None:
         print(f"exactdraft: serving {name} on http://{bound[0]}:{bound[1]}", flush=True)
 
-    serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
-          max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-          prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
-          model_aliases=aliases or None, ready=ready)
+    try:
+        serve(generator, name, host=args.host, port=args.port,
+              max_sequences=args.max_sequences, max_waiting=args.max_waiting,
+              prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+              prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
+              model_aliases=aliases or None, ready=ready)
+    except EngineFailed as error:  # a supervisor restarts a server that exits non-zero
+        print(f"exactdraft: the server stopped: {error}", file=sys.stderr, flush=True)
+        return EXIT_ENGINE_FAILED
     return 0
 
 

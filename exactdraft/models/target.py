@@ -46,6 +46,9 @@ class Capabilities:
     # mtp: the checkpoint's own multi-token-prediction layers (MTPDrafter), with keep_hidden
     # and state_holding.
     carries_mtp: bool = False
+    # check(): raises when the target can no longer run a pass (a tensor-parallel rank that
+    # died or hung), so a server idle between requests learns it at once.
+    reports_failures: bool = False
 
 
 NOTHING_OPTIONAL = Capabilities()

@@ -3,27 +3,40 @@
 Invariant: the prefix cache file, when one is named, is read only if it was written for this
 model (otherwise ignored with a warning, exactdraft.engine.cache_file) and is written back
 whole when the server shuts down, so a restarted server starts warm with the same outputs.
+When the engine stops after a failure (a dead or stuck tensor-parallel rank, a pass that
+raised), the server logs the cause, answers 503 meanwhile, and shuts down failure_exit_s later;
+`serve` then raises the EngineFailed, so the process exits non-zero and a supervisor restarts
+it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exactdraft.engine import Engine, PrefixCache, load_prefix_cache, save_prefix_cache
+from exactdraft.engine import (
+    Engine,
+    EngineFailed,
+    PrefixCache,
+    load_prefix_cache,
+    save_prefix_cache,
+)
 from exactdraft.generator import Generator
 
 
 def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, max_sequences: int = 8, max_waiting: int = 64,
           prefix_cache_bytes: int = 256 * 2**20, prefix_cache_file: str | None = None,
-          log_level: str = "warning", model_aliases: Mapping[str, str] | None = None) -> Any:
+          log_level: str = "warning", model_aliases: Mapping[str, str] | None = None,
+          failure_exit_s: float = 2.0) -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
     shutdown. `model_aliases`: see exactdraft.server.service.Service. `log_level` is
     uvicorn's; each request's line goes to the logger `exactdraft.server` instead of
-    uvicorn's access log."""
+    uvicorn's access log. `failure_exit_s`: how long a server whose engine failed answers
+    503 (so a probe sees why) before it shuts down."""
     import uvicorn
 
     from exactdraft.server.app import create_app
@@ -33,8 +46,17 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
     cache = PrefixCache(budget_bytes=prefix_cache_bytes) if prefix_cache_bytes > 0 else None
     if cache is not None and prefix_cache_file is not None:
         load_prefix_cache(cache, prefix_cache_file, generator.target)
+    server: Any = None
+
+    def stop_failing(failure: EngineFailed) -> None:  # on the engine's thread
+        logging.getLogger("exactdraft.server").error(
+            "%s; the server answers 503 and shuts down in %.1f s", failure, failure_exit_s)
+        timer = threading.Timer(failure_exit_s, lambda: setattr(server, "should_exit", True))
+        timer.daemon = True
+        timer.start()
+
     engine = Engine(generator, max_sequences=max_sequences, max_waiting=max_waiting,
-                    prefix_cache=cache)
+                    prefix_cache=cache, on_failure=stop_failing)
 
     def shut_down() -> None:
         engine.close()
@@ -72,6 +94,8 @@ def serve(generator: Generator, model_name: str, *,
 
         server.startup = startup
     server.run()
+    if server.engine.failure is not None:
+        raise server.engine.failure
 
 
 def configure_logging(level: str) -> None:

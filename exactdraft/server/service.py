@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from exactdraft.engine import Engine, QueueFull, Submission
+from exactdraft.engine import Engine, EngineFailed, QueueFull, Submission
 from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
@@ -109,6 +109,9 @@ class Service:
                                             **wanted.sampling)
         except QueueFull as error:
             raise RequestError(str(error), None, 429, "rate_limit_error") from None
+        except EngineFailed as error:
+            raise RequestError(f"the server cannot serve: {error}", None, 503,
+                               "api_error") from None
         except (ParameterError, TokenizerError) as error:
             raise RequestError(str(error), None) from None
         self.live = {s for s in self.live if not s.done} | {submission}

@@ -45,36 +45,80 @@ class Wanted:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields given
     include_usage: bool = False
     tools: Any = None  # a server.tools.ToolRequest when the output is read for tool calls
-    # What the output must follow (an exactdraft.Constraint: response_format, the
-    # `constraint` extension, or a tool call's grammar); None: free output.
-    constraint: Any = None
+    # What the output must follow (a ConstraintRequest: response_format, the `constraint`
+    # extension, or a tool call's grammar; Service.submit builds it); None: free output.
+    constraint: ConstraintRequest | None = None
 
 
 # The `constraint` extension field (both APIs): one key naming the kind.
 CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choices")
+# The most UTF-8 bytes of constraint text a request may send (a JSON schema as JSON, a regex, a
+# grammar, the choices as a JSON list, each tool's schema and the tool-call grammar). Building
+# and compiling grows with the text: about 1 s for 256 KiB of schema on one core.
+MAX_CONSTRAINT_BYTES = 256 * 1024
 
 
-def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) -> Any:
-    """The request's constraint: OpenAI's response_format (json_schema or json_object), the
-    `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
-    {"json_schema": {...}}), or the grammar its tool_choice asks for; at most one. A
-    RequestError names the field whose constraint cannot be built."""
+@dataclass(frozen=True)
+class ConstraintRequest:
+    """A request's constraint, its shape and size checked, not yet built: `build` (slow for a
+    big schema: the server runs it in a thread) builds it, compiles it for the tokenizer and
+    checks it whole, raising a RequestError naming `field` (or `tools[i]`) for anything that
+    would fail at the first token."""
+
+    field: str
+    kind: str  # the Constraint classmethod: json_schema, regex, grammar or choices
+    value: Any
+    tools: tuple[tuple[str, Any], ...] = ()  # (tools[i], its schema) the tool grammar holds
+
+    def build(self, tokenizer: Any) -> Any:
+        for where, schema in self.tools:
+            _compiled(where, "json_schema", schema, tokenizer)
+        return _compiled(self.field, self.kind, self.value, tokenizer)
+
+
+def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any) -> Any:
     from exactdraft.constraints import Constraint
     from exactdraft.errors import ConstraintError
 
-    found: list[tuple[str, Any]] = []
+    try:
+        constraint = getattr(Constraint, kind)(value)
+        if tokenizer is not None:  # without one the engine refuses the constraint itself
+            constraint.compile_for(tokenizer)
+    except (ConstraintError, TokenizerError, TypeError, ValueError) as error:
+        raise RequestError(f"{field_name}: {error}", field_name) from None
+    return constraint
+
+
+def _sized(field_name: str, value: Any) -> None:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_CONSTRAINT_BYTES:
+        raise RequestError(f"{field_name}: the constraint is {size} bytes; this server "
+                           f"compiles at most {MAX_CONSTRAINT_BYTES} (MAX_CONSTRAINT_BYTES)",
+                           field_name)
+
+
+def constraint_from(body: Mapping[str, Any],
+                    tool_grammar: str | None = None) -> ConstraintRequest | None:
+    """The request's constraint: OpenAI's response_format (json_schema or json_object), the
+    `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
+    {"json_schema": {...}}), or the grammar its tool_choice asks for; at most one, at most
+    MAX_CONSTRAINT_BYTES. A RequestError names the field at fault; the constraint itself is
+    built by ConstraintRequest.build."""
+    found: list[ConstraintRequest] = []
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         kind = response_format.get("type") if isinstance(response_format, dict) else None
         if kind == "json_object":
-            found.append(("response_format", lambda: Constraint.json_schema({"type": "object"})))
+            found.append(ConstraintRequest("response_format", "json_schema",
+                                           {"type": "object"}))
         elif kind == "json_schema":
             spec = response_format.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, dict):
                 raise RequestError("response_format.json_schema.schema must be a JSON schema "
                                    "object", "response_format.json_schema.schema")
-            found.append(("response_format", lambda: Constraint.json_schema(schema)))
+            found.append(ConstraintRequest("response_format", "json_schema", schema))
         else:
             raise RequestError("response_format.type must be text, json_object or json_schema",
                                "response_format.type")
@@ -85,20 +129,34 @@ def constraint_from(body: Mapping[str, Any], tool_grammar: str | None = None) ->
             raise RequestError(f"constraint must be an object with one of the keys "
                                f"{', '.join(CONSTRAINT_KINDS)}", "constraint")
         kind, value = next(iter(extension.items()))
-        build = getattr(Constraint, kind)
-        found.append((f"constraint.{kind}", lambda: build(value)))
+        found.append(ConstraintRequest(f"constraint.{kind}", kind, value))
     if tool_grammar is not None:
-        found.append(("tool_choice", lambda: Constraint.grammar(tool_grammar)))
+        found.append(ConstraintRequest("tool_choice", "grammar", tool_grammar,
+                                       _tool_schemas(body, tool_grammar)))
     if len(found) > 1:
-        raise RequestError(f"{found[0][0]} and {found[1][0]} both constrain the output; send "
-                           "one", found[1][0])
+        raise RequestError(f"{found[0].field} and {found[1].field} both constrain the output; "
+                           "send one", found[1].field)
     if not found:
         return None
-    field_name, build_constraint = found[0]
-    try:
-        return build_constraint()
-    except (ConstraintError, TypeError, ValueError) as error:
-        raise RequestError(f"{field_name}: {error}", field_name) from None
+    for where, schema in found[0].tools:
+        _sized(where, schema)
+    _sized(found[0].field, found[0].value)
+    return found[0]
+
+
+def _tool_schemas(body: Mapping[str, Any], grammar: str) -> tuple[tuple[str, Any], ...]:
+    """(tools[i], schema) of each tool whose argument schema the tool-call grammar holds (as
+    `%json SCHEMA`), so a schema llguidance cannot follow is refused naming its tool."""
+    tools = body.get("tools")
+    held = []
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        schema = function.get("parameters", tool.get("input_schema"))
+        if isinstance(schema, dict) and f"%json {json.dumps(schema)}" in grammar:
+            held.append((f"tools[{index}]", schema))
+    return tuple(held)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -46,7 +46,7 @@ async def responses(call: Call) -> Any:
     service = call.service
     body = await call.body()
     wanted = responses_request(body, service)
-    submission, ids = service.submit(wanted, "input")
+    submission, ids = await service.submit(wanted, "input")
     reply = Reply(service, wanted, ids, body.get("instructions"))
     stream = _stream(call, reply, submission) if wanted.stream else None
     return await respond(call, submission, len(ids), reply, stream,

@@ -2,7 +2,8 @@
 and the receipt every response carries.
 
 Invariant: a request reaches the engine only with a prompt that fits the model's context
-together with its max_tokens, and otherwise is refused with a RequestError naming the field.
+together with its max_tokens and a constraint checked whole for the model's tokenizer (built
+off the event loop), and otherwise is refused with a RequestError naming the field.
 A receipt names what was computed precisely enough for a client to check it: the sha256 of the
 prompt and output token ids, the seed, the drafts made and kept, the backend, the arithmetic
 contract and the weights digest. Two processes of the same model under the same arithmetic
@@ -14,6 +15,7 @@ cut into chunks (tests/server/test_scale_out.py).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,8 +83,13 @@ class Service:
         except (TokenizerError, ParameterError) as error:
             raise RequestError(f"{prompt_field}: {error}", prompt_field) from None
 
-    def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
-        """The request queued in the engine, and its prompt's token ids."""
+    async def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
+        """The request queued in the engine, and its prompt's token ids. Its constraint is
+        built, compiled and checked whole first, in a thread (a big schema takes a second;
+        the server answers others meanwhile), and refused naming its field."""
+        constraint = None
+        if wanted.constraint is not None:
+            constraint = await asyncio.to_thread(wanted.constraint.build, self.tokenizer)
         ids = self.encode(wanted.prompt, prompt_field)
         context = self.target.max_context
         room = context - len(ids)
@@ -105,7 +112,7 @@ class Service:
         try:
             submission = self.engine.submit(ids, n=wanted.n, max_new_tokens=max_tokens,
                                             stop=wanted.stop, logprobs=wanted.logprobs,
-                                            drafts=wanted.drafts, constraint=wanted.constraint,
+                                            drafts=wanted.drafts, constraint=constraint,
                                             **wanted.sampling)
         except QueueFull as error:
             raise RequestError(str(error), None, 429, "rate_limit_error") from None

@@ -36,6 +36,14 @@ def validate_serve(args: argparse.Namespace) -> None:
         if not low <= value <= high:
             raise ParameterError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got "
                                  f"{value}")
+    if args.prefix_cache_file is not None:  # before a model loads, and again in build
+        from exactdraft.engine.cache_file import check_location
+
+        check_location(args.prefix_cache_file)
+    if args.prefix_cache_key_file is not None:
+        from exactdraft.engine.cache_file import read_key
+
+        args.prefix_cache_key = read_key(args.prefix_cache_key_file)
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(f"serve needs {' and '.join(missing)}: pip install "
@@ -68,7 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
         serve(generator, name, host=args.host, port=args.port,
               max_sequences=args.max_sequences, max_waiting=args.max_waiting,
               prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-              prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
+              prefix_cache_file=args.prefix_cache_file,
+              prefix_cache_key=getattr(args, "prefix_cache_key", None), log_level=args.log_level,
               model_aliases=aliases or None, ready=ready)
     except EngineFailed as error:  # a supervisor restarts a server that exits non-zero
         print(f"exactdraft: the server stopped: {error}", file=sys.stderr, flush=True)

@@ -68,7 +68,9 @@ def run_command_ranks(argv: Sequence[str], world_size: int, timeout_s: float | N
                                           preexec_fn=_end_with_launcher if linux else None))
         _watch(ranks, codes, None if timeout_s is None else time.monotonic() + timeout_s,
                grace_s)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:  # SIGTERM: stopped in order below; the ranks' statuses say the rest
+        orderly = True
+    except KeyboardInterrupt:
         orderly = True
         raise
     finally:  # interrupted, terminated or past the deadline: no rank goes on alone
@@ -76,7 +78,9 @@ def run_command_ranks(argv: Sequence[str], world_size: int, timeout_s: float | N
             signal.signal(signal.SIGTERM, previous)
         if orderly and ranks and ranks[0].poll() is None:
             ranks[0].terminate()
-            _watch(ranks, codes, time.monotonic() + grace_s, grace_s)
+            _watch(ranks, codes, time.monotonic() + grace_s, grace_s, report=False)
+            if codes[0] == -signal.SIGTERM:  # a server ends by the signal it was stopped by
+                codes[0] = 0
         for process in ranks:
             if process.poll() is None:
                 process.kill()
@@ -87,15 +91,16 @@ def run_command_ranks(argv: Sequence[str], world_size: int, timeout_s: float | N
 
 
 def _watch(ranks: list[subprocess.Popen], codes: list[int | None], deadline: float | None,
-           grace_s: float) -> None:
+           grace_s: float, report: bool = True) -> None:
     """Poll the ranks (reaping each as it ends) until all have ended, the deadline passes, or
-    grace_s has passed since the first one ended; codes[r] is rank r's exit status."""
+    grace_s has passed since the first one ended; codes[r] is rank r's exit status. With
+    `report`, the first rank to fail is named on stderr."""
     first_end = None
     while True:
         for rank, process in enumerate(ranks):
             if codes[rank] is None:
                 codes[rank] = process.poll()
-                if codes[rank] not in (None, 0) and first_end is None:
+                if report and codes[rank] not in (None, 0) and first_end is None:
                     print(f"exactdraft: tensor parallel rank {rank} ended with "
                           f"{_status_text(codes[rank])}; the other ranks end within "
                           f"{grace_s:.0f} s", file=sys.stderr, flush=True)

@@ -82,7 +82,7 @@ class Engine:
         those, after which submit raises QueueFull; `prefix_cache`: where prompt prefixes are
         kept (used only when the target declares `kv_prefixes`); `on_failure`: called once,
         from the worker thread, when the engine stops after a failure; `watch_s`: how often
-        an idle engine asks a target that `reports_failures` whether it can still run."""
+        an idle engine asks a target that `spans_ranks` whether it can still run."""
         if not all(hasattr(generator, name) for name in ("prepare", "target", "lock")):
             raise ParameterError(f"Engine needs a Generator, got {type(generator).__name__}")
         for name, value in (("max_sequences", max_sequences), ("max_waiting", max_waiting),
@@ -106,7 +106,7 @@ class Engine:
         self.failure: EngineFailed | None = None  # set once, when the engine stops failing
         self.on_failure = on_failure
         self.watch_s = watch_s
-        self._watch = self.target.check if can.reports_failures else None
+        self._watch = self.target.check if can.spans_ranks else None
         self._waiting: deque[Submission] = deque()
         self._running: list[_Sample] = []
         self._turn = 0
@@ -259,6 +259,8 @@ class Engine:
             # At least one prompt token is left to run: its row gives the first token.
             blocks = self.prefix_cache.acquire(run.prompt_ids[:-1])
             submission.cached_tokens[index] = sum(len(b.tokens) for b in blocks)
+            run.stats.prefix_cache = "file" if any(b.from_file for b in blocks) else \
+                "memory" if blocks else "cold"
             if blocks:
                 stack = [b.keys for b in blocks], [b.values for b in blocks]
                 target.import_kv(state, *(_along_positions(arrays) for arrays in stack))

@@ -56,7 +56,7 @@ class TensorParallelTarget:
         # What the model declares, less the MTP layers (their keep_hidden and state_holding
         # are not replayed on the other ranks).
         self.capabilities = dataclasses.replace(capabilities_of(model), carries_mtp=False,
-                                                reports_failures=True)
+                                                spans_ranks=True)
         for name in ("config", "head_shape"):
             try:
                 setattr(self, name, getattr(model, name))

@@ -8,9 +8,10 @@ A receipt names what was computed precisely enough for a client to check it: the
 prompt and output token ids, the seed, the drafts made and kept, the backend, the arithmetic
 contract and the weights digest. Two processes of the same model under the same arithmetic
 answer the same request with the same tokens, text, logprobs and receipt; only `id` and
-`created` differ, and, under the Generator's adaptive depth (drafts per pass chosen from pass
-costs timed in each process), the receipt's drafted and accepted counts and how a stream is
-cut into chunks (tests/server/test_scale_out.py).
+`created` differ, the receipt's `prefix_cache` (cold, memory or file: where the prompt's
+prefix came from) where their caches differ, and, under the Generator's adaptive depth
+(drafts per pass chosen from pass costs timed in each process), the receipt's drafted and
+accepted counts and how a stream is cut into chunks (tests/server/test_scale_out.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`serve --tensor-parallel 2` with rank 1 killed (SIGKILL), while a request runs and while idle:
 /health answers 503 naming the rank within the heartbeat's bound, the running and new requests
 get a 503 naming it (no hang), the launcher reaps the dead rank at once (no zombie) and exits
-with the server's status for a failed engine (3); and an idle server logs no c10d wait
-timeouts."""
+with the server's status for a failed engine (3); an idle server logs no c10d wait timeouts;
+and SIGTERM stops the ranks in order, so the server writes its prefix-cache file as a one-rank
+server does, and a restarted one starts from it."""
 
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ def wait_until(condition: Any, seconds: float) -> bool:
     return True
 
 
-def start(folder: str, stderr: Any) -> tuple[subprocess.Popen, str, int]:
-    """(launcher, base url, rank 1's pid) of `serve --tensor-parallel 2`."""
+def start(folder: str, stderr: Any, *options: str) -> tuple[subprocess.Popen, str, int]:
+    """(launcher, base url, rank 1's pid) of `serve --tensor-parallel 2 OPTIONS`."""
     command = [sys.executable, "-m", "exactdraft", "serve", folder, "--backend", "torch",
-               "--model-name", "tiny", "--tensor-parallel", "2", "--port", "0"]
+               "--model-name", "tiny", "--tensor-parallel", "2", "--port", "0", *options]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                 cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     line = launcher.stdout.readline()
@@ -126,3 +127,38 @@ def test_a_rank_killed_during_a_request_fails_it_naming_the_rank(tiny_checkpoint
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def stop(launcher: subprocess.Popen) -> int:
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        return launcher.wait(EXIT_S)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+@pytest.mark.slow
+def test_sigterm_writes_the_prefix_cache_file_of_a_tensor_parallel_server(tiny_checkpoints,
+                                                                          tmp_path):
+    path = tmp_path / "prefixes.safetensors"
+    request = {"model": "tiny", "prompt": list(range(3, 53)), "max_tokens": 4,
+               "temperature": 0}
+    launcher, base, _ = start(tiny_checkpoints["llama"], subprocess.DEVNULL,
+                              "--prefix-cache-file", str(path))
+    try:
+        status, first = post(base, "/v1/completions", request)
+        assert status == 200 and first["choices"][0]["receipt"]["prefix_cache"] == "cold"
+    finally:
+        assert stop(launcher) == 0
+    assert path.exists(), "SIGTERM did not write the cache file"
+    launcher, base, _ = start(tiny_checkpoints["llama"], subprocess.DEVNULL,
+                              "--prefix-cache-file", str(path))
+    try:
+        status, again = post(base, "/v1/completions", request)
+    finally:
+        stop(launcher)
+    assert status == 200 and again["choices"][0]["receipt"]["prefix_cache"] == "file", again
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]

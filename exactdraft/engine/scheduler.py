@@ -228,6 +228,7 @@ class Engine:
             self._waiting.clear()
         for sample in list(self._running):
             sample.submission.fail(error)
+            self._leave(sample)  # frees its prefix-cache blocks; load counts it no more
         for submission in waiting:
             submission.fail(error)
 

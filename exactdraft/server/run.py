@@ -26,6 +26,7 @@ from exactdraft.engine import (
     save_prefix_cache,
 )
 from exactdraft.engine.cache_file import check_location
+from exactdraft.errors import ExactdraftError
 from exactdraft.generator import Generator
 from exactdraft.models.target import capabilities_of
 
@@ -57,8 +58,14 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
     server: Any = None
 
     def stop_failing(failure: EngineFailed) -> None:  # on the engine's thread
+        cause = failure.__cause__
+        # A traceback where the cause is not one of exactdraft's own reports (a bug, a
+        # device error), whose message alone may not say where it came from.
+        trace = None if cause is None or isinstance(cause, ExactdraftError) else \
+            (type(cause), cause, cause.__traceback__)
         logging.getLogger("exactdraft.server").error(
-            "%s; the server answers 503 and shuts down in %.1f s", failure, failure_exit_s)
+            "%s; the server answers 503 and shuts down in %.1f s", failure, failure_exit_s,
+            exc_info=trace)
         timer = threading.Timer(failure_exit_s, lambda: setattr(server, "should_exit", True))
         timer.daemon = True
         timer.start()

@@ -113,3 +113,19 @@ def test_an_engine_whose_loop_raises_fails_every_request_and_refuses_new_ones(
         assert len(seen) == 1 and engine.failure is seen[0]
         with pytest.raises(EngineFailed, match="no room for a state"):
             engine.submit("abc", max_new_tokens=4)
+
+
+def test_a_failing_pass_fails_the_running_and_the_queued_request(tiny_checkpoints) -> None:
+    """One sequence at a time: the running request and the one queued behind it both fail
+    with the pass's error, and nothing is left waiting."""
+    generator = failing_generator(tiny_checkpoints["llama"])
+    with Engine(generator, max_sequences=1) as engine:
+        with generator.lock:  # both are queued before the first pass
+            running = engine.submit("abc abc", max_new_tokens=40, drafts=False,
+                                    stop_tokens=[])
+            queued = engine.submit("abc", max_new_tokens=4)
+            assert engine.load == (0, 2)
+        for submission in (running, queued):
+            with pytest.raises(EngineFailed, match=BROKEN):
+                submission.results(timeout=60)
+        assert engine.load == (0, 0) and isinstance(engine.failure, EngineFailed)

@@ -39,6 +39,9 @@ class GenerationStats:
     drafting_note: str | None = None  # why drafting was off, when it was requested
     # What the drafter did wrong in this run (its bad drafts were dropped), by kind.
     drafter_faults: DrafterFaults = field(default_factory=DrafterFaults)
+    # Where the prompt's first positions came from: "cold" (all computed), "memory" (the
+    # engine's prefix cache, computed by this process), "file" (blocks of a prefix-cache file).
+    prefix_cache: str = "cold"
 
     @property
     def wall_seconds(self) -> float:
@@ -154,5 +157,5 @@ def receipt(target: Any, result: GenerationResult) -> dict[str, Any]:
             "prompt_ids_sha256": token_digest(result.prompt_tokens),
             "completion_tokens": len(result.tokens), "seed": result.seed,
             "drafting": stats.drafting, "drafted": stats.drafted, "accepted": stats.accepted,
-            "backend": backend_label(target),
+            "prefix_cache": stats.prefix_cache, "backend": backend_label(target),
             "arithmetic": target.arithmetic, "weights_digest": target.weights_digest()}

@@ -147,7 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="memory for cached prompt prefixes, 0 = off (default: 256)")
     serve.add_argument("--prefix-cache-file", default=None,
                        help="a safetensors file to start the prefix cache from and save it to "
-                            "on shutdown (default: none)")
+                            "on shutdown; its location is checked at start (default: none)")
+    serve.add_argument("--prefix-cache-key-file", default=None, metavar="PATH",
+                       help="a file holding a secret key (16 bytes or more): the cache file is "
+                            "signed with it (HMAC-SHA256) and read only if its signature is "
+                            "the key's (default: no key; the file is as trusted as its folder)")
     serve.add_argument("--model-alias", action="append", default=[], metavar="NAME=SERVED",
                        help="another name for the served model (SERVED: its --model-name); "
                             "with any alias, other model names are answered 404 (default: "

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from exactdraft.cli.common import (
+    EXIT_ENGINE_FAILED,
     EXIT_INTERRUPTED,
     chat_messages,
     is_terminal,
@@ -35,6 +36,14 @@ def validate_serve(args: argparse.Namespace) -> None:
         if not low <= value <= high:
             raise ParameterError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got "
                                  f"{value}")
+    if args.prefix_cache_file is not None:  # before a model loads, and again in build
+        from exactdraft.engine.cache_file import check_location
+
+        check_location(args.prefix_cache_file)
+    if args.prefix_cache_key_file is not None:
+        from exactdraft.engine.cache_file import read_key
+
+        args.prefix_cache_key = read_key(args.prefix_cache_key_file)
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(f"serve needs {' and '.join(missing)}: pip install "
@@ -43,6 +52,7 @@ def validate_serve(args: argparse.Namespace) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from exactdraft.engine import EngineFailed
     from exactdraft.server import serve
     from exactdraft.server.service import check_aliases
 
@@ -62,11 +72,17 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready(bound: tuple[str, int]) -> None:
         print(f"exactdraft: serving {name} on http://{bound[0]}:{bound[1]}", flush=True)
 
-    serve(generator, name, host=args.host, port=args.port, max_sequences=args.max_sequences,
-          max_waiting=args.max_waiting, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-          prefix_cache_file=args.prefix_cache_file, log_level=args.log_level,
-          model_aliases=aliases or None, clamp_max_tokens=args.clamp_max_tokens,
-          ready=ready)
+    try:
+        serve(generator, name, host=args.host, port=args.port,
+              max_sequences=args.max_sequences, max_waiting=args.max_waiting,
+              prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+              prefix_cache_file=args.prefix_cache_file,
+              prefix_cache_key=getattr(args, "prefix_cache_key", None), log_level=args.log_level,
+              model_aliases=aliases or None, clamp_max_tokens=args.clamp_max_tokens,
+              ready=ready)
+    except EngineFailed as error:  # a supervisor restarts a server that exits non-zero
+        print(f"exactdraft: the server stopped: {error}", file=sys.stderr, flush=True)
+        return EXIT_ENGINE_FAILED
     return 0
 
 

@@ -22,6 +22,7 @@ DEFAULT_PROMPTS = [
 MODEL_DEFAULT = "the model's generation_config.json, else {}"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_ENGINE_FAILED = 3  # serve: the engine stopped after a failure (a rank died, a pass raised)
 DEFAULT_DRAFTER = "lookup"
 STDIN = "-"
 

@@ -2,12 +2,17 @@
 checked at once and compiled to token masks through llguidance.
 
 Invariant: a Constraint is immutable and says only what the text must match; everything a
-generation changes lives in its ConstraintMatcher (matcher.py), whose mask is a pure
-function of the tokens consumed, so one Constraint serves any number of generations.
+generation changes lives in its ConstraintMatcher (matcher.py), whose mask is a pure function of
+the tokens consumed, so one Constraint serves any number of generations. A constraint is checked
+whole when it is built (and again when compiled for a tokenizer): a grammar llguidance refuses,
+one that matches nothing, and one on whose first tokens llguidance meets its limits
+(tokens.refuse_failing) raise ConstraintError before any pass. The same text builds the same
+Constraint, kept (bounded) so it is built once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ from exactdraft.constraints.tokens import (
     compiled_matcher,
     llguidance_module,
     refuse_empty,
+    refuse_failing,
     short,
 )
 from exactdraft.errors import ConstraintError
@@ -32,6 +38,8 @@ __all__ = ["Constraint", "ConstraintMatcher", "apply_mask", "parse_json"]
 # JSON is written compactly with one space after ':' and ',' unless the schema's "x-guidance"
 # says otherwise: no free whitespace means more forced bytes and no runs of blank lines.
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Constraints kept by their text (a client sending the same schema every turn builds it once).
+BUILT_CONSTRAINTS = 128
 
 
 @dataclass(frozen=True)
@@ -64,21 +72,14 @@ class Constraint:
             source = json.dumps(schema, ensure_ascii=False)  # key order kept: it is the output's
         except (TypeError, ValueError) as error:
             raise ConstraintError(f"json_schema cannot be written as JSON: {error}") from None
-        matcher_class = llguidance_module().LLMatcher
-        try:
-            grammar = matcher_class.grammar_from_json_schema(
-                source, defaults=COMPACT_JSON if compact else None)
-        except ValueError as error:
-            raise ConstraintError(f"invalid json_schema: {error}") from None
-        return cls._checked("json_schema", source, grammar)
+        return _built("json_schema", source, compact)
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
         """Text that matches `pattern` as a whole (Rust regex syntax, no look-around)."""
         if not isinstance(pattern, str):
             raise ConstraintError(f"regex must be a string, got {type(pattern).__name__}")
-        return cls._checked("regex", pattern,
-                            llguidance_module().LLMatcher.grammar_from_regex(pattern))
+        return _built("regex", pattern)
 
     @classmethod
     def grammar(cls, lark: str) -> Constraint:
@@ -87,7 +88,7 @@ class Constraint:
         if not isinstance(lark, str) or not lark.strip():
             raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
                                   f"{lark!r}")
-        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+        return _built("grammar", lark)
 
     @classmethod
     def gbnf(cls, text: str) -> Constraint:
@@ -100,7 +101,7 @@ class Constraint:
             lark = any_to_lark(text)
         except Exception as error:  # the converter raises plain exceptions of several kinds
             raise ConstraintError(f"invalid GBNF grammar: {error}") from None
-        return cls._checked("grammar", lark, llguidance_module().LLMatcher.grammar_from_lark(lark))
+        return _built("grammar", lark)
 
     @classmethod
     def choices(cls, options: Sequence[str]) -> Constraint:
@@ -112,10 +113,7 @@ class Constraint:
         for index, option in enumerate(options):
             if not isinstance(option, str):
                 raise ConstraintError(f"choices[{index}] must be a string, got {option!r}")
-        # JSON string literals are Lark string literals (escapes included).
-        lark = "start: " + " | ".join(json.dumps(option) for option in options)
-        return cls._checked("choices", json.dumps(list(options), ensure_ascii=False),
-                            llguidance_module().LLMatcher.grammar_from_lark(lark))
+        return _built("choices", json.dumps(list(options), ensure_ascii=False))
 
     @classmethod
     def _checked(cls, kind: str, source: str, grammar: str) -> Constraint:
@@ -126,8 +124,16 @@ class Constraint:
         if failed:
             raise ConstraintError(f"invalid {kind} {short(source)}: {messages[0].strip()}")
         probe = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0)
-        refuse_empty(probe, kind, source, byte_tokenizer().vocab_size, byte_tokenizer().eos_token)
+        vocabulary, eos = byte_tokenizer().vocab_size, byte_tokenizer().eos_token
+        refuse_empty(probe, kind, source, vocabulary, eos)
+        refuse_failing(probe, kind, source, vocabulary, eos)
         return cls(kind, source, grammar)
+
+    def compile_for(self, tokenizer: Any) -> None:
+        """Compile this constraint for `tokenizer` now (once per tokenizer object; kept for
+        the generations that use it) and check it there: ConstraintError if it matches nothing
+        with the tokenizer's tokens or llguidance fails on its first tokens."""
+        compiled_matcher(self, tokenizer, bridge_for(tokenizer))
 
     def matcher(self, tokenizer: Any, vocab_size: int,
                 stop_token_ids: Sequence[int]) -> ConstraintMatcher:
@@ -144,6 +150,28 @@ class Constraint:
         bridge = bridge_for(tokenizer)
         initial = compiled_matcher(self, tokenizer, bridge)
         return ConstraintMatcher(self, bridge, initial.deep_copy(), int(vocab_size), stops)
+
+
+@functools.lru_cache(maxsize=BUILT_CONSTRAINTS)
+def _built(kind: str, source: str, compact: bool = True) -> Constraint:
+    """The Constraint of `kind` from its text, built and checked once per text (a constraint
+    is immutable, so the same text gives the same one); the last BUILT_CONSTRAINTS are kept.
+    Refusals are not kept: each is raised anew."""
+    llg = llguidance_module().LLMatcher
+    if kind == "json_schema":
+        try:
+            grammar = llg.grammar_from_json_schema(source,
+                                                   defaults=COMPACT_JSON if compact else None)
+        except ValueError as error:
+            raise ConstraintError(f"invalid json_schema: {error}") from None
+    elif kind == "regex":
+        grammar = llg.grammar_from_regex(source)
+    elif kind == "choices":  # JSON string literals are Lark string literals (escapes included)
+        grammar = llg.grammar_from_lark("start: " + " | ".join(
+            json.dumps(option) for option in json.loads(source)))
+    else:
+        grammar = llg.grammar_from_lark(source)
+    return Constraint._checked(kind, source, grammar)
 
 
 def parse_json(text: str) -> Any:

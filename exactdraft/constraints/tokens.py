@@ -260,6 +260,8 @@ def compiled_matcher(constraint: Any, tokenizer: Any, bridge: Any) -> Any:
                               f"{matcher.get_error().strip()}")
     refuse_empty(matcher, constraint.kind, constraint.source, bridge.size,
                   bridge.eos_token_id, "with this tokenizer's tokens")
+    refuse_failing(matcher, constraint.kind, constraint.source, bridge.size,
+                   bridge.eos_token_id)
     with _compiled_lock:
         per_tokenizer[constraint] = matcher
         while len(per_tokenizer) > COMPILED_PER_TOKENIZER:
@@ -280,6 +282,41 @@ def refuse_empty(matcher: Any, kind: str, source: str, size: int, eos: int,
     if not bits.any() or matcher.is_error():
         suffix = f" {where}" if where else ""
         raise ConstraintError(f"{kind} {short(source)} matches nothing{suffix}")
+
+
+# Tokens the probe walks (forced runs count as one step); llguidance's limits (a parser row of
+# more than 2000 items, the lexer's expression budget) are met on the first tokens or so.
+PROBE_STEPS = 16
+DEAD_END = "NoExtensionBias"  # llguidance's error where nothing may follow
+
+
+def refuse_failing(matcher: Any, kind: str, source: str, size: int, eos: int) -> None:
+    """ConstraintError if llguidance fails on the first tokens of a text the constraint allows:
+    a copy of the matcher takes the forced tokens, else the lowest allowed id other than eos,
+    for up to PROBE_STEPS steps, computing each mask. Limits llguidance meets only while it
+    runs (a parser row over max_items_in_row, the lexer's expression budget) thus show before
+    any model pass, where a generation would otherwise fail at its first tokens."""
+    probe = matcher.deep_copy()
+    for _ in range(PROBE_STEPS):
+        if probe.is_error() or probe.is_stopped():
+            break
+        forced = probe.compute_ff_tokens()
+        if forced:
+            probe.consume_tokens(forced)
+            continue
+        bits = np.unpackbits(np.frombuffer(probe.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[:size].astype(bool)
+        bits[eos] = False
+        allowed = np.flatnonzero(bits)
+        if probe.is_error() or not len(allowed):
+            break
+        probe.consume_token(int(allowed[0]))
+    reason = probe.get_error().split("\n<state>", 1)[0].strip() if probe.is_error() else ""
+    # A dead end (a grammar with no way to finish) is no failure: a generation that reaches it
+    # ends "unsatisfiable", as it would at any depth.
+    if reason and reason != DEAD_END:
+        raise ConstraintError(f"{kind} {short(source)} is beyond what llguidance can follow: "
+                              f"{reason}")
 
 
 def short(text: str, limit: int = 120) -> str:

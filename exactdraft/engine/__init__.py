@@ -7,7 +7,7 @@ from exactdraft.engine.cache_file import load as load_prefix_cache
 from exactdraft.engine.cache_file import save as save_prefix_cache
 from exactdraft.engine.prefix_cache import PrefixCache
 from exactdraft.engine.scheduler import Engine, EngineStats
-from exactdraft.engine.submission import QueueFull, Submission, sample_seed
+from exactdraft.engine.submission import EngineFailed, QueueFull, Submission, sample_seed
 
-__all__ = ["CacheFileError", "Engine", "EngineStats", "PrefixCache", "QueueFull", "Submission",
-           "load_prefix_cache", "sample_seed", "save_prefix_cache"]
+__all__ = ["CacheFileError", "Engine", "EngineFailed", "EngineStats", "PrefixCache", "QueueFull",
+           "Submission", "load_prefix_cache", "sample_seed", "save_prefix_cache"]

@@ -1,17 +1,25 @@
 """Prefix caches on disk: one safetensors file per model, so a restarted process starts warm.
 
 Invariant: a block read from a file is used only if the file is whole and was written for this
-very model: its format tag, weights digest, arithmetic contract and KV layout equal the loaded
-model's, a sha256 over every tensor's bytes equals the one recorded, and each block's key is
-the sha256 chain of its parent's key and its own tokens. A file that fails any of these (corrupt,
-truncated, another model's, another machine's arithmetic) is ignored with a RuntimeWarning
-naming the file and the reason, and nothing of it is used. A file is written to a temporary
-name in the same folder and renamed into place, so no reader ever sees half a file.
+very model: its format tag, weights digest, arithmetic contract, model settings (backend and
+dtype, context, key block, vocabulary) and KV layout equal the loaded model's, a sha256 over
+every tensor's bytes equals the one recorded, and each block's key is the sha256 chain of its
+parent's key and its own tokens; with a key, the file's HMAC-SHA256 (over its header, which
+holds that sha256) must also be the key's. A file that fails any of these (corrupt, truncated,
+another model's, another machine's arithmetic, edited without the key) is ignored with a
+RuntimeWarning naming the file and the reason, and nothing of it is used. A file is written to
+a temporary name in the same folder and renamed into place, so no reader ever sees half a file.
+
+What the checks rest on: the digests catch corruption and edits that leave the recorded sha256
+alone; whoever can rewrite the file can recompute that sha256, so without a key the file is as
+trusted as the folder it lives in (which could hold the weights too). The key (kept out of the
+file, given to the server) makes an edit without it detectable.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -24,6 +32,7 @@ from exactdraft.engine.prefix_cache import ROOT, Block, PrefixCache, block_key
 from exactdraft.errors import ExactdraftError
 
 FORMAT = "exactdraft-prefix-cache/1"
+MIN_KEY_BYTES = 16
 
 
 class CacheFileError(ExactdraftError, ValueError):
@@ -31,12 +40,64 @@ class CacheFileError(ExactdraftError, ValueError):
 
 
 def fingerprint(target: Any) -> dict[str, str]:
-    """What a cache file must match: the weights as loaded and the arithmetic of their bits."""
-    return {"weights_digest": target.weights_digest(), "arithmetic": str(target.arithmetic)}
+    """What a cache file must match: the weights as loaded, the arithmetic of their bits and
+    the settings the KV cache's bits follow (backend and dtype, context, key block,
+    vocabulary)."""
+    from exactdraft.models.target import backend_label
+
+    settings = {"backend": backend_label(target), "max_context": target.max_context,
+                "key_block": target.key_block, "vocab_size": target.vocab_size}
+    return {"weights_digest": target.weights_digest(), "arithmetic": str(target.arithmetic),
+            "settings": json.dumps(settings, sort_keys=True)}
 
 
-def save(cache: PrefixCache, path: str | os.PathLike[str], target: Any) -> int:
-    """Write every cached block to `path` (replacing it whole); returns the block count."""
+def check_location(path: str | os.PathLike[str]) -> None:
+    """CacheFileError unless a cache file can be written at `path`: not a folder, in an
+    existing folder where a file can be created (tried: a temporary file is made and
+    removed), replacing a file that is not read-only."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CacheFileError(f"{path}: is a folder; name a file in it")
+    if not os.path.isdir(folder):
+        raise CacheFileError(f"{path}: its folder {folder} does not exist (or is not a folder)")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".prefix-cache-", suffix=".tmp", dir=folder)
+    except OSError as error:
+        raise CacheFileError(f"{path}: cannot write in {folder} ({error.strerror})") from None
+    os.close(handle)
+    os.remove(probe)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise CacheFileError(f"{path}: the file is read-only")
+
+
+def read_key(path: str | os.PathLike[str]) -> bytes:
+    """The signing key held in the file at `path` (its bytes, less a final newline): at least
+    MIN_KEY_BYTES, else CacheFileError naming the file."""
+    try:
+        with open(path, "rb") as handle:
+            key = handle.read().rstrip(b"\r\n")
+    except OSError as error:
+        raise CacheFileError(f"{os.fspath(path)}: cannot read the cache key file "
+                             f"({error.strerror})") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise CacheFileError(f"{os.fspath(path)}: a cache key needs {MIN_KEY_BYTES} bytes or "
+                             f"more, the file holds {len(key)}")
+    return key
+
+
+def signature(metadata: dict[str, str], key: bytes) -> str:
+    """HMAC-SHA256 under `key` of a file's header (every field but the signature, in order of
+    name); the header holds the sha256 of the tensors, so this signs them too."""
+    fields = {name: value for name, value in metadata.items() if name != "hmac"}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def save(cache: PrefixCache, path: str | os.PathLike[str], target: Any,
+         key: bytes | None = None) -> int:
+    """Write every cached block to `path` (replacing it whole), signed with `key` when one is
+    given; returns the block count."""
     from safetensors.numpy import save_file
 
     blocks = cache.blocks()
@@ -49,6 +110,8 @@ def save(cache: PrefixCache, path: str | os.PathLike[str], target: Any) -> int:
                 "block_tokens": str(cache.block_tokens),
                 "blocks": json.dumps([[b.key.hex(), b.parent.hex()] for b in blocks]),
                 "sha256": _content_digest(tensors)}
+    if key is not None:
+        metadata["hmac"] = signature(metadata, key)
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     handle, temporary = tempfile.mkstemp(prefix=".prefix-cache-", suffix=".tmp", dir=folder)
@@ -63,18 +126,21 @@ def save(cache: PrefixCache, path: str | os.PathLike[str], target: Any) -> int:
     return len(blocks)
 
 
-def load(cache: PrefixCache, path: str | os.PathLike[str], target: Any) -> int:
+def load(cache: PrefixCache, path: str | os.PathLike[str], target: Any,
+         key: bytes | None = None) -> int:
     """Add the blocks of a cache file to `cache`; returns how many were added. A file that
-    cannot be used adds nothing and is reported with a RuntimeWarning."""
+    cannot be used (with `key`: one not signed with it) adds nothing and is reported with a
+    RuntimeWarning."""
     try:
-        blocks = read(path, target, cache.block_tokens)
+        blocks = read(path, target, cache.block_tokens, key)
     except CacheFileError as error:
         warnings.warn(f"ignoring the prefix cache file: {error}", RuntimeWarning, stacklevel=2)
         return 0
     return sum(cache.add(block) for block in blocks)
 
 
-def read(path: str | os.PathLike[str], target: Any, block_tokens: int) -> list[Block]:
+def read(path: str | os.PathLike[str], target: Any, block_tokens: int,
+         key: bytes | None = None) -> list[Block]:
     """Every block of the file, checked as the module docstring says; CacheFileError if any
     check fails."""
     from safetensors import SafetensorError, safe_open
@@ -89,6 +155,10 @@ def read(path: str | os.PathLike[str], target: Any, block_tokens: int) -> list[B
         raise CacheFileError(f"{path}: not a readable safetensors file ({error})") from None
     if not isinstance(metadata, dict):
         raise CacheFileError(f"{path}: no prefix cache metadata")
+    if key is not None and not hmac.compare_digest(str(metadata.get("hmac", "")),
+                                                   signature(metadata, key)):
+        raise CacheFileError(f"{path}: it is not signed with this server's key (an edit, or "
+                             "another key)")
     expected = {"format": FORMAT, **fingerprint(target), "block_tokens": str(block_tokens)}
     for name, value in expected.items():
         if metadata.get(name) != value:
@@ -126,7 +196,8 @@ def _block(path: str, tensors: dict[str, np.ndarray], index: int, key: bytes, pa
     own = tuple(int(t) for t in tokens)
     if block_key(parent, own) != key or (parent != ROOT and len(parent) != len(ROOT)):
         raise CacheFileError(f"{path}: block {index}'s key is not the hash of its tokens")
-    return Block(key, parent, own, np.ascontiguousarray(keys), np.ascontiguousarray(values))
+    return Block(key, parent, own, np.ascontiguousarray(keys), np.ascontiguousarray(values),
+                 from_file=True)
 
 
 def _content_digest(tensors: dict[str, np.ndarray]) -> str:

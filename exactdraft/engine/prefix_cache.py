@@ -43,6 +43,7 @@ class Block:
     keys: np.ndarray  # float32 [layers, kv heads, block_tokens, head dim]
     values: np.ndarray  # the same shape
     references: int = field(default=0)
+    from_file: bool = False  # read from a cache file, not computed by this process
 
     @property
     def nbytes(self) -> int:

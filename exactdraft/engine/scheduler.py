@@ -16,6 +16,13 @@ with prompt chunks keeps only each sequence's last row, so its decoding sequence
 drafts in that pass (drafts change speed only). A target that does not declare
 `batches_sequences` runs one sequence per pass, in turn.
 
+Failures: a request's own failure (its decoding raised) fails that request alone. Any other
+failure of the scheduling loop (a pass of the target that raised, a target that reports it can
+no longer run, as a tensor-parallel target does for a dead or hung rank even between requests,
+a bug in the loop) stops the engine for good: `failure` becomes an EngineFailed naming the cause,
+every waiting and running request fails with it, `submit` raises it, and `on_failure` is called
+once (a server turns unhealthy and exits). The worker never ends silently.
+
 Threads: one worker thread runs the passes, under the Generator's lock (so a Generator used
 directly meanwhile interleaves pass by pass); submit, cancel and the result readers may be
 called from any thread or asyncio task.
@@ -26,7 +33,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +42,7 @@ import numpy as np
 from exactdraft.arguments import checked_sample_count
 from exactdraft.decoding import Decoding, RunSource
 from exactdraft.engine.prefix_cache import Block, PrefixCache
-from exactdraft.engine.submission import QueueFull, Submission, sample_seed
+from exactdraft.engine.submission import EngineFailed, QueueFull, Submission, sample_seed
 from exactdraft.errors import ParameterError
 from exactdraft.models.target import Pass, PassRows, capabilities_of, run_pass
 from exactdraft.prompts import PromptInput
@@ -65,17 +72,25 @@ class Engine:
 
     def __init__(self, generator: RunSource, *, max_sequences: int = 8,
                  max_pass_tokens: int | None = None, max_waiting: int = 64,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None,
+                 on_failure: Callable[[EngineFailed], None] | None = None,
+                 watch_s: float = 0.5) -> None:
         """`max_sequences`: sequences sharing a pass; `max_pass_tokens`: prompt tokens per
         pass (default: the Generator's prefill_chunk); `max_waiting`: requests queued beyond
         those, after which submit raises QueueFull; `prefix_cache`: where prompt prefixes are
-        kept (used only when the target declares `kv_prefixes`)."""
+        kept (used only when the target declares `kv_prefixes`); `on_failure`: called once,
+        from the worker thread, when the engine stops after a failure; `watch_s`: how often
+        an idle engine asks a target that `spans_ranks` whether it can still run."""
         if not all(hasattr(generator, name) for name in ("prepare", "target", "lock")):
             raise ParameterError(f"Engine needs a Generator, got {type(generator).__name__}")
         for name, value in (("max_sequences", max_sequences), ("max_waiting", max_waiting),
                             ("max_pass_tokens", max_pass_tokens or 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParameterError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(watch_s, bool) or not isinstance(watch_s, (int, float)) or \
+                not watch_s > 0:
+            raise ParameterError(f"watch_s must be a positive number of seconds, got "
+                                 f"{watch_s!r}")
         self.generator = generator
         self.target = generator.target
         self.max_sequences = max_sequences
@@ -86,6 +101,10 @@ class Engine:
         self.batched = can.batches_sequences
         self.prefix_cache = prefix_cache if can.kv_prefixes else None
         self.stats = EngineStats()
+        self.failure: EngineFailed | None = None  # set once, when the engine stops failing
+        self.on_failure = on_failure
+        self.watch_s = watch_s
+        self._watch = self.target.check if can.spans_ranks else None
         self._waiting: deque[Submission] = deque()
         self._running: list[_Sample] = []
         self._turn = 0
@@ -108,6 +127,8 @@ class Engine:
                           for j in range(1, n)]
         submission = Submission(runs)
         with self._wake:
+            if self.failure is not None:
+                raise self.failure
             if self._closed:
                 raise ParameterError("the engine is closed")
             if len(self._waiting) >= self.max_waiting:
@@ -162,19 +183,49 @@ class Engine:
     # -- the worker ----------------------------------------------------------------------------
 
     def _work(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001  (any failure stops the engine, aloud)
+            self._stop_failing(error)
+            return
+        self._fail_all(ParameterError("the engine was closed before this request finished"))
+
+    def _loop(self) -> None:
+        watch = self._watch
         while True:
             with self._wake:
                 while not self._waiting and not self._running and not self._closed:
-                    self._wake.wait()
+                    if watch is not None:
+                        watch()
+                    self._wake.wait(None if watch is None else self.watch_s)
                 if self._closed:
-                    break
+                    return
+            if watch is not None:
+                watch()
             with self.generator.lock:
                 self._admit()
                 self._step()
-        error = ParameterError("the engine was closed before this request finished")
-        for sample in self._running:
+
+    def _stop_failing(self, error: BaseException) -> None:
+        cause = str(error) if isinstance(error, EngineFailed) else \
+            f"the engine stopped: {type(error).__name__}: {error}"
+        failure = EngineFailed(cause)
+        failure.__cause__ = error
+        with self._wake:
+            self.failure = failure
+            self._closed = True
+        self._fail_all(failure)
+        if self.on_failure is not None:
+            self.on_failure(failure)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._wake:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for sample in list(self._running):
             sample.submission.fail(error)
-        for submission in self._waiting:
+            self._leave(sample)  # frees its prefix-cache blocks; load counts it no more
+        for submission in waiting:
             submission.fail(error)
 
     def _admit(self) -> None:
@@ -189,8 +240,13 @@ class Engine:
             if submission.cancelled:
                 submission.stop()
                 continue
-            for index, run in enumerate(submission.runs):
-                self._running.append(self._start(submission, index, run))
+            try:
+                for index, run in enumerate(submission.runs):
+                    self._running.append(self._start(submission, index, run))
+            except BaseException:
+                with self._wake:  # so the failure that stops the engine reaches it too
+                    self._waiting.appendleft(submission)
+                raise
 
     def _start(self, submission: Submission, index: int, run: Any) -> _Sample:
         target, generator = self.target, self.generator
@@ -200,6 +256,8 @@ class Engine:
             # At least one prompt token is left to run: its row gives the first token.
             blocks = self.prefix_cache.acquire(run.prompt_ids[:-1])
             submission.cached_tokens[index] = sum(len(b.tokens) for b in blocks)
+            run.stats.prefix_cache = "file" if any(b.from_file for b in blocks) else \
+                "memory" if blocks else "cold"
             if blocks:
                 stack = [b.keys for b in blocks], [b.values for b in blocks]
                 target.import_kv(state, *(_along_positions(arrays) for arrays in stack))
@@ -241,12 +299,8 @@ class Engine:
             planned.append((sample, sample.decoding.plan(drafts=not mixed)))
         self.stats.mixed_passes += bool(mixed and decoders)
         passing = [(s, t) for s, t in planned if t]
-        try:
-            rows = self._forward(passing, "last" if mixed else "all") if passing else []
-        except Exception as error:
-            for sample, _ in passing:
-                self._fail(sample, error)
-            return
+        # A pass that raises leaves the target's states unknown: it stops the engine (_work).
+        rows = self._forward(passing, "last" if mixed else "all") if passing else []
         for sample, tokens in planned:
             if not tokens:
                 self._advance(sample, None)

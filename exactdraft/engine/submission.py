@@ -28,6 +28,12 @@ class QueueFull(ExactdraftError, RuntimeError):
     """The engine's queue of waiting requests is full; try again later."""
 
 
+class EngineFailed(ExactdraftError, RuntimeError):
+    """The engine stopped after a failure of its scheduling loop or its target (a dead
+    tensor-parallel rank, a pass that raised); the message names the cause. No request runs
+    on it again."""
+
+
 def sample_seed(seed: int, index: int) -> int:
     """The seed of sample `index` of a request with `seed`: the seed itself for sample 0, so a
     request for one sample is the plain request; SAMPLER.md's key(seed, 2**64 - 1, index)

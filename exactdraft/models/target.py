@@ -46,6 +46,10 @@ class Capabilities:
     # mtp: the checkpoint's own multi-token-prediction layers (MTPDrafter), with keep_hidden
     # and state_holding.
     carries_mtp: bool = False
+    # The model runs on several ranks (tensor parallel): check() raises when the target can no
+    # longer run a pass (a rank died or hangs), so a server idle between requests learns it at
+    # once; close() ends the run on every rank (a server's last act before it exits).
+    spans_ranks: bool = False
 
 
 NOTHING_OPTIONAL = Capabilities()

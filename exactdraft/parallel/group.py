@@ -255,14 +255,17 @@ class ParallelGroup:
         self.store.set(f"agree/{name}/{self.rank}", value)
         keys = [f"agree/{name}/{r}" for r in range(self.world_size)]
         deadline = time.monotonic() + self.settings.timeout_s
-        while True:
+        while True:  # polled: a timed wait that expires logs a c10d warning each time
             self.check()
             try:
-                self.store.wait(keys, timedelta(seconds=self.settings.heartbeat_s))
-                break
+                if self.store.check(keys):
+                    break
+                waited: Exception = TimeoutError(f"not every rank stated the {name}")
             except RuntimeError as error:
-                if time.monotonic() > deadline:
-                    raise self.diagnose(error, f"the {name} exchange") from error
+                waited = error
+            if time.monotonic() > deadline:
+                raise self.diagnose(waited, f"the {name} exchange") from waited
+            time.sleep(self.settings.heartbeat_s / 5)
         values = [self.store.get(key).decode() for key in keys]
         differ = [r for r in range(1, self.world_size) if values[r] != values[0]]
         if differ:

@@ -55,7 +55,8 @@ class TensorParallelTarget:
             setattr(self, name, getattr(model, name))
         # What the model declares, less the MTP layers (their keep_hidden and state_holding
         # are not replayed on the other ranks).
-        self.capabilities = dataclasses.replace(capabilities_of(model), carries_mtp=False)
+        self.capabilities = dataclasses.replace(capabilities_of(model), carries_mtp=False,
+                                                spans_ranks=True)
         for name in ("config", "head_shape"):
             try:
                 setattr(self, name, getattr(model, name))
@@ -197,6 +198,11 @@ class TensorParallelTarget:
 
     def weights_digest(self) -> str:
         return self.model.weights_digest()
+
+    def check(self) -> None:
+        """Raise TensorParallelError naming the rank once any rank is known to be gone or
+        stuck (its heartbeat), also between passes."""
+        self.group.check()
 
     def close(self) -> None:
         """Tell the other ranks to stop following and leave the group (idempotent)."""

@@ -19,7 +19,7 @@ from exactdraft.server.streaming import respond, sse, stream_error
 async def messages(call: Call) -> Any:
     service = call.service
     wanted = anthropic_api.messages_request(await call.body(), service)
-    submission, ids = service.submit(wanted, "messages")
+    submission, ids = await service.submit(wanted, "messages")
     reply = anthropic_api.Reply(service, wanted, ids)
     stream = _stream(call, reply, submission) if wanted.stream else None
     return await respond(call, submission, len(ids), reply, stream, reply.whole)

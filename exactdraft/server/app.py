@@ -4,9 +4,11 @@ wire format.
 Invariant: every request gets an answer the client can parse, and the server keeps serving
 whatever a request holds: a refused request (bad JSON, bad UTF-8, a bad field, a prompt longer
 than the context) gets a 4xx JSON error naming the field, in the wire format of its endpoint; a
-full queue gets 429; an engine failure gets a 500 JSON error. A client that goes away (mid-stream
-or while waiting for a whole response) cancels its request, which frees its sequences and
-prefix-cache blocks at the engine's next pass. Responses carry exactly what the engine
+full queue gets 429; a request's failure gets a 500 JSON error; once the engine has stopped
+after a failure (EngineFailed: a dead tensor-parallel rank, a pass that raised), every request
+gets a 503 naming the cause and /health answers 503 (operations.py). A client that goes away
+(mid-stream or while waiting for a whole response) cancels its request, which frees its
+sequences and prefix-cache blocks at the engine's next pass. Responses carry exactly what the engine
 committed (openai_api.py, anthropic_api.py).
 """
 
@@ -16,7 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from exactdraft.engine import Engine
+from exactdraft.engine import Engine, EngineFailed
 from exactdraft.server.context import Call, Shared
 from exactdraft.server.endpoints import ENDPOINTS, Endpoint
 from exactdraft.server.fields import RequestError
@@ -40,7 +42,8 @@ def create_app(engine: Engine, model_name: str,
     service = Service(engine, model_name, model_aliases, clamp_max_tokens)
     shared = Shared(service, engine, model_name, on_shutdown)
     if metrics_available():
-        shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage)
+        shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage,
+                                 lambda: engine.failure is None)
     wires = {endpoint.path: endpoint.wire for endpoint in ENDPOINTS}
 
     async def failure(request: Any, error: Exception) -> Any:
@@ -91,6 +94,8 @@ def route(endpoint: Endpoint, shared: Shared) -> Callable[[Any], Awaitable[Any]]
 
 
 def failed(error: Exception) -> RequestError:
+    if isinstance(error, EngineFailed):  # the server is going down: a supervisor restarts it
+        return RequestError(f"the server cannot serve: {error}", None, 503, "api_error")
     return RequestError(f"the server failed on this request: {type(error).__name__}: {error}",
                         None, 500, "api_error")
 

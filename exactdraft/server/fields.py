@@ -85,29 +85,79 @@ class Wanted:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields given
     include_usage: bool = False
     tools: Any = None  # a server.tools.ToolRequest when the output is read for tool calls
-    # What the output must follow (an exactdraft.Constraint: response_format, the
-    # `constraint` extension, or a tool call's grammar); None: free output.
-    constraint: Any = None
+    # What the output must follow (a ConstraintRequest: response_format, the `constraint`
+    # extension, or a tool call's grammar; Service.submit builds it); None: free output.
+    constraint: ConstraintRequest | None = None
 
 
-def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any:
-    """The request's constraint: OpenAI's response_format (json_schema or json_object), the
-    `constraint` extension ({"regex": ...}, {"grammar": lark}, {"choices": [...]} or
-    {"json_schema": {...}}), or the constraint its tool_choice asks for (built by
-    server/tool_calls/requests.py); at most one. A RequestError names the field whose
-    constraint cannot be built. A `strict` response_format's objects are closed
-    (server/json_schemas.py) unless the request sends `"closed_objects": false`."""
-    from exactdraft.constraints.constraint import Constraint
+# The most UTF-8 bytes of constraint text a request may send (a JSON schema as JSON, a regex, a
+# grammar, the choices as a JSON list, each tool's schema and the tool-call grammar). Building
+# and compiling grows with the text: about 1 s for 256 KiB of schema on one core.
+MAX_CONSTRAINT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ConstraintRequest:
+    """A request's constraint, its shape and size checked, not yet built: `build` (slow for a
+    big schema: the server runs it in a thread) builds it, compiles it for the tokenizer and
+    checks it whole, raising a RequestError naming `field` (or the tool schema's own field)
+    for anything that would fail at the first token."""
+
+    field: str
+    kind: str  # a row of constraints/kinds.py: json_schema, regex, grammar, gbnf or choices
+    value: Any
+    # (where, schema) of each tool schema the tool-call grammar holds, checked first so that a
+    # schema llguidance cannot follow is refused by its own field, not by the grammar.
+    tools: tuple[tuple[str, Any], ...] = ()
+
+    def build(self, tokenizer: Any) -> Any:
+        for where, schema in self.tools:
+            _compiled(where, "json_schema", schema, tokenizer)
+        return _compiled(self.field, self.kind, self.value, tokenizer)
+
+
+def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any) -> Any:
     from exactdraft.constraints.kinds import BY_NAME
     from exactdraft.errors import ConstraintError
+
+    try:
+        constraint = BY_NAME[kind].build(value)
+        if tokenizer is not None:  # without one the engine refuses the constraint itself
+            constraint.compile_for(tokenizer)
+    except (ConstraintError, TokenizerError, TypeError, ValueError) as error:
+        reason = str(error).splitlines()[0]
+        raise RequestError(f"{field_name}: {reason}", field_name) from None
+    return constraint
+
+
+def _sized(field_name: str, value: Any) -> None:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_CONSTRAINT_BYTES:
+        raise RequestError(f"{field_name}: the constraint is {size} bytes; this server "
+                           f"compiles at most {MAX_CONSTRAINT_BYTES} (MAX_CONSTRAINT_BYTES)",
+                           field_name)
+
+
+def constraint_from(body: Mapping[str, Any], tool_constraint: ConstraintRequest | None = None
+                    ) -> ConstraintRequest | None:
+    """The request's constraint: OpenAI's response_format (json_schema or json_object), the
+    `constraint` extension (one key naming a row of constraints/kinds.py: {"regex": ...},
+    {"grammar": lark}, {"choices": [...]}, ...), or the one its tool_choice asks for
+    (server/tool_calls/requests.py's constraint_for); at most one, at most
+    MAX_CONSTRAINT_BYTES. A RequestError names the field at fault; the constraint itself is
+    built by ConstraintRequest.build. A `strict` response_format's objects are closed
+    (server/json_schemas.py) unless the request sends `"closed_objects": false`."""
+    from exactdraft.constraints.kinds import BY_NAME
     from exactdraft.server.json_schemas import closed
 
-    found: list[tuple[str, Any]] = []
+    found: list[ConstraintRequest] = []
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         kind = response_format.get("type") if isinstance(response_format, dict) else None
         if kind == "json_object":
-            found.append(("response_format", lambda: Constraint.json_schema({"type": "object"})))
+            found.append(ConstraintRequest("response_format", "json_schema",
+                                           {"type": "object"}))
         elif kind == "json_schema":
             spec = response_format.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -117,31 +167,29 @@ def constraint_from(body: Mapping[str, Any], tool_constraint: Any = None) -> Any
             if spec.get("strict") is True and \
                     typed(body, "closed_objects", (bool,), "true or false", True):
                 schema = closed(schema)
-            found.append(("response_format", lambda: Constraint.json_schema(schema)))
+            found.append(ConstraintRequest("response_format", "json_schema", schema))
         else:
             raise RequestError("response_format.type must be text, json_object or json_schema",
                                "response_format.type")
-    extension = body.get("constraint")  # one key naming a kind of constraints/kinds.py
+    extension = body.get("constraint")
     if extension is not None:
         if not isinstance(extension, dict) or len(extension) != 1 or \
                 next(iter(extension)) not in BY_NAME:
             raise RequestError(f"constraint must be an object with one of the keys "
                                f"{', '.join(BY_NAME)}", "constraint")
         kind, value = next(iter(extension.items()))
-        build = BY_NAME[kind].build
-        found.append((f"constraint.{kind}", lambda: build(value)))
+        found.append(ConstraintRequest(f"constraint.{kind}", kind, value))
     if tool_constraint is not None:
-        found.append(("tool_choice", lambda: tool_constraint))
+        found.append(tool_constraint)
     if len(found) > 1:
-        raise RequestError(f"{found[0][0]} and {found[1][0]} both constrain the output; send "
-                           "one", found[1][0])
+        raise RequestError(f"{found[0].field} and {found[1].field} both constrain the output; "
+                           "send one", found[1].field)
     if not found:
         return None
-    field_name, build_constraint = found[0]
-    try:
-        return build_constraint()
-    except (ConstraintError, TypeError, ValueError) as error:
-        raise RequestError(f"{field_name}: {error}", field_name) from None
+    for where, schema in found[0].tools:
+        _sized(where, schema)
+    _sized(found[0].field, found[0].value)
+    return found[0]
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

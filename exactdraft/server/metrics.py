@@ -8,7 +8,8 @@ tokens, `exactdraft:drafted_tokens_total` and `exactdraft:accepted_tokens_total`
 drafted and accepted counts of its receipts. Gauges are read when scraped: running sequences
 and waiting requests from the engine, and `vllm:kv_cache_usage_perc` as the positions held by
 the server's running sequences over the engine's room for them (max_sequences times the
-model's context), from 0 to 1.
+model's context), from 0 to 1; `exactdraft:engine_healthy` is 1 while the engine serves and
+0 once it has stopped after a failure (the server then exits).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Metrics:
     """The metrics of one application; `text()` is the /metrics body."""
 
     def __init__(self, model_name: str, load: Callable[[], tuple[int, int]],
-                 kv_usage: Callable[[], float]) -> None:
+                 kv_usage: Callable[[], float], healthy: Callable[[], bool]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -44,6 +45,9 @@ class Metrics:
         gauge("vllm:num_requests_waiting", "Requests queued for the engine.", lambda: load()[1])
         gauge("vllm:kv_cache_usage_perc", "Fraction of the engine's KV positions held by "
               "running sequences (1 = all).", kv_usage)
+        gauge("exactdraft:engine_healthy", "1 while the engine serves, 0 once it stopped after "
+              "a failure (a dead tensor-parallel rank, a pass that raised).",
+              lambda: float(healthy()))
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of the requests "
                                      "answered.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")

@@ -25,7 +25,7 @@ from exactdraft.server.streaming import respond, sse, stream_error, whole
 async def chat_completions(call: Call) -> Any:
     service = call.service
     wanted = openai_api.chat_request(await call.body(), service)
-    submission, ids = service.submit(wanted, "messages")
+    submission, ids = await service.submit(wanted, "messages")
     reply = openai_api.Reply(service, True, wanted, ids)
     stream = _stream(call, reply, submission) if wanted.stream else None
     return await respond(call, submission, len(ids), reply, stream, reply.whole)
@@ -40,7 +40,7 @@ async def completions(call: Call) -> Any:
     parts: list[tuple[Submission, list[int]]] = []
     try:
         for prompt in prompts:
-            parts.append(service.submit(replace(wanted, prompt=prompt), "prompt"))
+            parts.append(await service.submit(replace(wanted, prompt=prompt), "prompt"))
         replies = [openai_api.Reply(service, False, wanted, ids) for _, ids in parts]
         for reply in replies[1:]:  # one response: one id and time
             reply.id, reply.created = replies[0].id, replies[0].created

@@ -54,7 +54,7 @@ async def responses(call: Call) -> Any:
     service = call.service
     body = await call.body()
     request = responses_request(body, service, call.shared.responses)
-    submission, ids = service.submit(request.wanted, "input")
+    submission, ids = await service.submit(request.wanted, "input")
     reply = Reply(service, request, ids, call.shared.responses)
     stream = _stream(call, reply, submission) if request.wanted.stream else None
     return await respond(call, submission, len(ids), reply, stream,

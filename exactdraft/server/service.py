@@ -2,24 +2,28 @@
 and the receipt every response carries.
 
 Invariant: a request reaches the engine only with a prompt that fits the model's context
-together with its max_tokens, and otherwise is refused with a ContextError (each API's own
-wording, fields.py); with `clamp_max_tokens`, a max_tokens past the room the prompt leaves is
-lowered to that room instead, and only a prompt that leaves no room is refused.
+together with its max_tokens and a constraint checked whole for the model's tokenizer (built
+off the event loop), and otherwise is refused: a ContextError in each API's own wording
+(fields.py) for a prompt past the context, a RequestError naming the field for anything else;
+with `clamp_max_tokens`, a max_tokens past the room the prompt leaves is lowered to that room
+instead, and only a prompt that leaves no room is refused.
 A receipt names what was computed precisely enough for a client to check it: the sha256 of the
 prompt and output token ids, the seed, the drafts made and kept, the backend, the arithmetic
 contract and the weights digest. Two processes of the same model under the same arithmetic
 answer the same request with the same tokens, text, logprobs and receipt; only `id` and
-`created` differ, and, under the Generator's adaptive depth (drafts per pass chosen from pass
-costs timed in each process), the receipt's drafted and accepted counts and how a stream is
-cut into chunks (tests/server/test_scale_out.py).
+`created` differ, the receipt's `prefix_cache` (cold, memory or file: where the prompt's
+prefix came from) where their caches differ, and, under the Generator's adaptive depth
+(drafts per pass chosen from pass costs timed in each process), the receipt's drafted and
+accepted counts and how a stream is cut into chunks (tests/server/test_scale_out.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from exactdraft.engine import Engine, QueueFull, Submission
+from exactdraft.engine import Engine, EngineFailed, QueueFull, Submission
 from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
@@ -88,8 +92,10 @@ class Service:
         except (TokenizerError, ParameterError) as error:
             raise RequestError(f"{prompt_field}: {error}", prompt_field) from None
 
-    def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
-        """The request queued in the engine, and its prompt's token ids."""
+    async def submit(self, wanted: Wanted, prompt_field: str) -> tuple[Submission, list[int]]:
+        """The request queued in the engine, and its prompt's token ids. Its constraint is
+        built, compiled and checked whole first, in a thread (a big schema takes a second;
+        the server answers others meanwhile), and refused naming its field."""
         ids = self.encode(wanted.prompt, prompt_field)
         context = self.target.max_context
         room = context - len(ids)
@@ -108,13 +114,19 @@ class Service:
                                    f"[0, {vocab})", "logit_bias")
         if wanted.n > self.engine.max_sequences:
             raise RequestError(f"n must be at most {self.engine.max_sequences} here", "n")
+        constraint = None  # built last: a request refused above never pays for it
+        if wanted.constraint is not None:
+            constraint = await asyncio.to_thread(wanted.constraint.build, self.tokenizer)
         try:
             submission = self.engine.submit(ids, n=wanted.n, max_new_tokens=max_tokens,
                                             stop=wanted.stop, logprobs=wanted.logprobs,
-                                            drafts=wanted.drafts, constraint=wanted.constraint,
+                                            drafts=wanted.drafts, constraint=constraint,
                                             **wanted.sampling)
         except QueueFull as error:
             raise RequestError(str(error), None, 429, "rate_limit_error") from None
+        except EngineFailed as error:
+            raise RequestError(f"the server cannot serve: {error}", None, 503,
+                               "api_error") from None
         except (ParameterError, TokenizerError) as error:
             raise RequestError(str(error), None) from None
         self.live = {s for s in self.live if not s.done} | {submission}

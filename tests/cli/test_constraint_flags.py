@@ -67,7 +67,7 @@ def test_the_flags_and_the_server_field_come_from_one_table_of_kinds():
     with pytest.raises(RequestError) as refused:
         constraint_from({"constraint": {"lark": "start: \"a\""}})
     assert str(refused.value).endswith(", ".join(kind.name for kind in KINDS))
-    built = constraint_from({"constraint": {"gbnf": 'root ::= "yes" | "no"\n'}})
+    built = constraint_from({"constraint": {"gbnf": 'root ::= "yes" | "no"\n'}}).build(None)
     assert built == Constraint.gbnf('root ::= "yes" | "no"\n')
 
 
@@ -126,3 +126,18 @@ def test_serve_with_two_ranks_answers_as_one_rank(tiny_checkpoints):
     expected = generator.generate("abcabcabc", 16, temperature=0.8, seed=5)
     assert reply["choices"][0]["receipt"]["token_ids_sha256"] == token_digest(expected.tokens)
     assert reply["choices"][0]["text"] == expected.text
+
+
+@pytest.mark.parametrize("where, says", [("folder", "is a folder"),
+                                         ("missing/prefixes.safetensors", "does not exist")])
+def test_serve_refuses_a_cache_file_it_cannot_write_before_loading(capsys, monkeypatch,
+                                                                   tmp_path, where, says):
+    from exactdraft.cli import commands
+
+    def no_loading(args):
+        raise AssertionError("the model was loaded")
+
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setattr(commands, "load_generator", no_loading)
+    assert main(["serve", "--prefix-cache-file", str(tmp_path / where)]) == 2
+    assert says in capsys.readouterr().err

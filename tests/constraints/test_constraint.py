@@ -886,3 +886,28 @@ def test_forced_tokens_include_the_one_llguidance_holds_back(smollm2_tokenizer):
     for token in forced:
         matcher.consume(token)
     assert matcher.forced() == [] and matcher.allowed().sum() > 1000  # the string is free
+
+
+@pytest.mark.parametrize("build, says", [
+    (lambda: Constraint.json_schema({"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(600)}}), "max is 2000"),
+    (lambda: Constraint.regex("a{1000000000}"), "too many expressions"),
+])
+def test_a_constraint_llguidance_fails_on_at_its_first_tokens_is_refused_when_built(build,
+                                                                                     says):
+    """Limits llguidance meets only while it runs (a parser row over 2000 items, the lexer's
+    budget) are met by the probe walk when the constraint is built, not at a first token."""
+    with pytest.raises(ConstraintError, match=f"beyond what llguidance can follow: .*{says}"):
+        build()
+
+
+def test_the_same_text_builds_the_same_constraint_once():
+    from exactdraft.constraints.constraint import _built
+
+    schema = {"type": "object", "properties": {"only_here_xq": {"type": "integer"}}}
+    before = _built.cache_info()
+    first = Constraint.json_schema(schema)
+    assert Constraint.json_schema(dict(schema)) is first
+    after = _built.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    assert Constraint.json_schema(schema, compact=False) is not first

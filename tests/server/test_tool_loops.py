@@ -288,18 +288,19 @@ def test_schema_objects_are_closed_unless_the_request_opens_them(closed_objects)
     body = {"tools": [{"type": "function", "function": {"name": "f", "parameters": OPEN}}],
             "tool_choice": NAMED["openai"] | {"function": {"name": "f"}},
             "closed_objects": closed_objects}
-    tool = constraint_for(openai_tools(body, None))
+    tool = constraint_for(openai_tools(body, None)).build(None)
     head = '<tool_call>{"name": "f", "arguments": '
     assert accepts(tool, head + '{"city": "x", "when": {"day": 1}}}</tool_call>')
     for extra in ('{"city": "x", "mood": 1}', '{"when": {"day": 1, "hour": 2}}'):
         assert accepts(tool, head + extra + "}</tool_call>") is not closed_objects
     strict = constraint_from({"response_format": {"type": "json_schema", "json_schema": {
         "name": "r", "strict": True, "schema": OPEN}}, "closed_objects": closed_objects})
+    strict = strict.build(None)
     assert accepts(strict, '{"city": "x"}')
     assert accepts(strict, '{"city": "x", "mood": 1}') is not closed_objects
     # Not strict: JSON Schema's own reading, open.
     loose = constraint_from({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "r", "schema": OPEN}}})
+        "name": "r", "schema": OPEN}}}).build(None)
     assert accepts(loose, '{"city": "x", "mood": 1}')
 
 

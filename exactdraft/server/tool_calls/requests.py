@@ -32,9 +32,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactdraft.errors import ConstraintError, ParameterError, TokenizerError
+from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.loading.chat_template import render_chat_with_tools
-from exactdraft.server.fields import ROLES, RequestError, checked_text, text_content, typed
+from exactdraft.server.fields import (
+    ROLES,
+    ConstraintRequest,
+    RequestError,
+    checked_text,
+    text_content,
+    typed,
+)
 from exactdraft.server.json_schemas import closed
 from exactdraft.server.tool_calls.formats import (
     GENERIC,
@@ -75,11 +82,11 @@ class ToolRequest:
                                 max_calls=None if self.parallel else 1)
 
 
-def constraint_for(request: ToolRequest | None) -> Any:
-    """The exactdraft.Constraint the output must follow for this request, or None when it is
-    free (see the module docstring)."""
-    from exactdraft.constraints.constraint import Constraint
-
+def constraint_for(request: ToolRequest | None) -> ConstraintRequest | None:
+    """The constraint the output must follow for this request, not yet built (the server
+    builds it off the event loop), or None when the output is free (see the module
+    docstring). Each function schema the call grammar holds is checked by its own field
+    before the grammar, so a schema llguidance cannot follow is named, not the grammar."""
     if request is None or not request.active:
         return None
     functions = [{**f, "parameters": closed(f["parameters"])}
@@ -92,30 +99,13 @@ def constraint_for(request: ToolRequest | None) -> Any:
         raise RequestError(str(error), "tool_choice") from None
     if grammar is None:
         return None
-    try:
-        return Constraint.grammar(grammar)
-    except ConstraintError as error:
-        _refuse_schema(request, functions)
-        reason = str(error).splitlines()[0]
-        raise RequestError(f"the tools' call grammar cannot be built: {reason}",
-                           "tools") from None
-
-
-def _refuse_schema(request: ToolRequest, functions: list[dict[str, Any]]) -> None:
-    """A RequestError naming the first schema in the call grammar that cannot be followed
-    alone (its own field, not the grammar)."""
-    from exactdraft.constraints.constraint import Constraint
-
     fields = request.schema_fields or [f"tools[{i}]" for i in range(len(functions))]
-    for function, where in zip(functions, fields):
-        in_grammar = request.choice == "required" or function["name"] == request.choice or \
-            (request.choice == "auto" and function.get("strict"))
-        if not in_grammar or function.get("parameters") is None:
-            continue
-        try:
-            Constraint.json_schema(function["parameters"])
-        except ConstraintError as error:
-            raise RequestError(f"{where}: {error}", where) from None
+    schemas = tuple((where, function["parameters"])
+                    for function, where in zip(functions, fields)
+                    if function.get("parameters") is not None and (
+                        request.choice == "required" or function["name"] == request.choice or
+                        (request.choice == "auto" and function.get("strict"))))
+    return ConstraintRequest("tools", "grammar", grammar, schemas)
 
 
 def _parallel(choice: str, asked: bool | None) -> bool:

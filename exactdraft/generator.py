@@ -40,7 +40,7 @@ from exactdraft.arguments import (
 )
 from exactdraft.constraints.rows import FORCED_WINDOW, matcher_for
 from exactdraft.decoding import Decoding, DecodingSetup
-from exactdraft.drafters.base import Drafter
+from exactdraft.drafters.base import Drafter, traits_of
 from exactdraft.drafters.depth import DepthPolicy, measure_pass_costs
 from exactdraft.errors import ExactnessError, ParameterError
 from exactdraft.guard import check_row_invariance, check_tree_invariance
@@ -155,7 +155,7 @@ class Generator:
         self.tree_note: str | None = None  # why trees are off when the drafter proposes them
         if drafter is None:
             return
-        draft_vocab = getattr(drafter, "vocab_size", target.vocab_size)
+        draft_vocab = traits_of(drafter).vocab_size or target.vocab_size
         if draft_vocab != target.vocab_size:
             raise ParameterError(f"the drafter's vocabulary ({draft_vocab}) differs from the "
                                  f"target's ({target.vocab_size})")
@@ -166,7 +166,7 @@ class Generator:
             if guard:
                 shown.phase(f"load-time guard: do {window}-row passes equal single steps?")
                 self.drafting_note = check_row_invariance(target, window)
-            if self.drafting_note is None and getattr(drafter, "tree_width", 1) > 1:
+            if self.drafting_note is None and traits_of(drafter).tree_width > 1:
                 if guard:
                     shown.phase(f"load-time guard: do {self.max_draft}-node token trees "
                                 "equal single steps?")

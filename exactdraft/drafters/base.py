@@ -8,9 +8,10 @@ stateful without any effect on the tokens a generation writes.
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from exactdraft.sampling.keyed import KeyedSampler
 from exactdraft.sampling.params import SamplingParams
@@ -107,14 +108,53 @@ class DraftContext:
     n_prompt: int
 
 
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafter may declare beyond the required members, with the defaults of a drafter
+    that declares nothing (attributes of the same names on the drafter; `traits_of` reads
+    them, and nothing else does):
+
+    - `tree_width`: 1, chains only; more: it may propose DraftTrees;
+    - `wants_features`: False; True: `observe(rows, start)` receives the target's final hidden
+      rows of the committed positions;
+    - `sources`: 1, one depth policy; more (with `source(sequence)`): it chooses among that
+      many proposers, each with its own policy;
+    - `vocab_size`: None, the target's; else the vocabulary it drafts in, which must be the
+      target's;
+    - `copies_per_sequence`: False, the engine shares one instance among sequences in turn;
+      True, its state is plain data and each sequence drafts with its own copy.
+    """
+
+    tree_width: int = 1
+    wants_features: bool = False
+    sources: int = 1
+    vocab_size: int | None = None
+    copies_per_sequence: bool = False
+
+
+def traits_of(drafter: Any) -> DrafterTraits:
+    """The drafter's declarations, each a default where it declares none or declares a value of
+    the wrong kind (a drafter can cost at most speed: drafters/checked.py)."""
+    defaults = DrafterTraits()
+
+    def count(name: str) -> Any:
+        value = getattr(drafter, name, None)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+            return int(value)
+        return getattr(defaults, name)
+
+    return DrafterTraits(
+        tree_width=count("tree_width"),
+        wants_features=getattr(drafter, "wants_features", False) is True,
+        sources=count("sources") if hasattr(drafter, "source") else 1,
+        vocab_size=count("vocab_size"),
+        copies_per_sequence=getattr(drafter, "copies_per_sequence", False) is True)
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """Required: max_draft, begin, propose, accepted. Optional declarations, read with their
-    defaults by exactdraft.drafters.checked.CheckedDrafter and the engine: `tree_width` (1: chains
-    only), `wants_features` (False; then `observe(rows, start)` receives the target's final
-    hidden rows), `sources` and `source(sequence)` (1: one depth policy), `vocab_size` (the
-    target's), `copies_per_sequence` (False: the engine shares one instance among sequences
-    in turn; True: its state is plain data and each sequence drafts with its own copy)."""
+    """Required: max_draft, begin, propose, accepted. Optional declarations: DrafterTraits
+    (read through `traits_of`, with their defaults)."""
 
     max_draft: int
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
+from exactdraft.drafters.base import DraftContext, Drafter, DraftTree, traits_of
 
 # The kinds of misbehaviour, as counted in DrafterFaults.counts.
 RAISED = "raised"
@@ -74,12 +74,11 @@ class CheckedDrafter:
         self.max_draft = max_draft  # the guard proved windows up to max_draft + 1 rows
         # A drafter that reads the target's features (DraftHead) says so; it then gets the
         # final hidden rows of the committed positions through `observe`.
-        self.wants_features = getattr(drafter, "wants_features", False) is True
+        traits = traits_of(drafter)
+        self.wants_features = traits.wants_features
         # A drafter that chooses among several proposers (FallbackDrafter) declares how many
         # `sources` it has and says through `source(sequence)` which one proposes next.
-        sources = getattr(drafter, "sources", 1)
-        self.sources = sources if isinstance(sources, int) and not isinstance(sources, bool) \
-            and sources >= 1 and hasattr(drafter, "source") else 1
+        self.sources = traits.sources
 
     def begin(self, prompt: Sequence[int], context: DraftContext) -> None:
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from exactdraft.drafters.base import DraftContext, Drafter, DraftTree
+from exactdraft.drafters.base import DraftContext, Drafter, DraftTree, traits_of
 from exactdraft.errors import ParameterError
 
 
@@ -49,8 +49,8 @@ class FallbackDrafter:
             if missing:
                 raise ParameterError(f"FallbackDrafter drafter {index} ({type(drafter).__name__})"
                                      f" is not a Drafter: it has no {', '.join(missing)}")
-        vocabularies = {drafter.vocab_size for drafter in drafters
-                        if getattr(drafter, "vocab_size", None) is not None}
+        traits = [traits_of(drafter) for drafter in drafters]
+        vocabularies = {each.vocab_size for each in traits if each.vocab_size is not None}
         if len(vocabularies) > 1:
             raise ParameterError(f"FallbackDrafter drafters draft different vocabularies: "
                                  f"{sorted(vocabularies)}")
@@ -58,9 +58,8 @@ class FallbackDrafter:
             self.vocab_size = vocabularies.pop()
         self.drafters = tuple(drafters)
         self.max_draft = max(drafter.max_draft for drafter in drafters)
-        self.tree_width = max(getattr(drafter, "tree_width", 1) for drafter in drafters)
-        self.wants_features = any(getattr(drafter, "wants_features", False) is True
-                                  for drafter in drafters)
+        self.tree_width = max(each.tree_width for each in traits)
+        self.wants_features = any(each.wants_features for each in traits)
         # The sequence the last `source` call looked at, which drafter will propose after it
         # and that drafter's proposal at its own max_draft (None for the last drafter).
         self._asked: tuple[tuple[int, ...], int, Any] | None = None
@@ -72,8 +71,7 @@ class FallbackDrafter:
     @property
     def copies_per_sequence(self) -> bool:
         """Copyable per sequence when every drafter in it is."""
-        return all(getattr(drafter, "copies_per_sequence", False) is True
-                   for drafter in self.drafters)
+        return all(traits_of(drafter).copies_per_sequence for drafter in self.drafters)
 
     @property
     def sources(self) -> int:
@@ -86,7 +84,7 @@ class FallbackDrafter:
 
     def observe(self, features: Any, start: int) -> None:
         for drafter in self.drafters:
-            if getattr(drafter, "wants_features", False) is True:
+            if traits_of(drafter).wants_features:
                 drafter.observe(features, start)
 
     def source(self, sequence: Sequence[int]) -> int:

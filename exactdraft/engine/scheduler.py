@@ -41,6 +41,7 @@ import numpy as np
 
 from exactdraft.arguments import checked_sample_count
 from exactdraft.decoding import Decoding, RunSource
+from exactdraft.drafters.base import traits_of
 from exactdraft.engine.prefix_cache import Block, PrefixCache
 from exactdraft.engine.submission import EngineFailed, QueueFull, Submission, sample_seed
 from exactdraft.errors import ParameterError
@@ -264,7 +265,7 @@ class Engine:
         drafter, shared = None, False
         if generator.drafter is not None and run.use_drafts:
             # A drafter whose state is plain data declares it (copies_per_sequence).
-            if getattr(generator.drafter, "copies_per_sequence", False) is True:
+            if traits_of(generator.drafter).copies_per_sequence:
                 drafter = copy.deepcopy(generator.drafter)
             elif not self._shared_drafter_busy:
                 self._shared_drafter_busy = shared = True

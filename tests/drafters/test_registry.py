@@ -100,3 +100,32 @@ def test_a_new_row_reaches_the_cli_with_no_other_edit(monkeypatch, capsys):
     monkeypatch.setattr(xd.Generator, "from_pretrained", refuse)
     assert main(["generate", "--chat", "x", "--drafter", "echo:3"]) == 2
     assert "use lookup, suffix, head, head:PATH, model:PATH, echo," in capsys.readouterr().err
+
+
+def test_a_drafters_declarations_are_read_in_one_place_with_their_defaults():
+    """traits_of gives DrafterTraits' defaults for a drafter that declares nothing (or a value
+    of the wrong kind, which can cost only speed) and the declared values otherwise; a
+    FallbackDrafter declares what its drafters together need."""
+    from exactdraft.drafters import DrafterTraits, FallbackDrafter, traits_of
+
+    class Bare:
+        max_draft = 2
+
+        def begin(self, prompt, context): ...
+
+        def propose(self, sequence, limit): return []
+
+        def accepted(self, proposed, accepted): ...
+
+    assert traits_of(Bare()) == DrafterTraits()
+    odd = Bare()
+    odd.tree_width, odd.wants_features, odd.sources, odd.vocab_size = True, "yes", 0, 1.5
+    assert traits_of(odd) == DrafterTraits()  # no source(): sources stays 1 regardless
+    declared = Bare()
+    declared.tree_width, declared.wants_features, declared.vocab_size = 3, True, 128
+    declared.copies_per_sequence = True
+    assert traits_of(declared) == DrafterTraits(tree_width=3, wants_features=True,
+                                                vocab_size=128, copies_per_sequence=True)
+    both = FallbackDrafter(declared, Bare())
+    assert traits_of(both) == DrafterTraits(tree_width=3, wants_features=True, sources=2,
+                                            vocab_size=128, copies_per_sequence=False)

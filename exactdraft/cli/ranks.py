@@ -19,16 +19,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-
-def _end_with_launcher() -> None:  # runs in each rank before it starts (Linux)
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 # How long the other ranks have to end on their own once one has ended (a survivor names the
 # lost rank within the heartbeat's stale_s, then rank 0 answers 503 for the server's
 # failure_exit_s and exits), and to stop in order after SIGTERM (rank 0 writes its prefix-cache
@@ -45,10 +35,9 @@ def run_command_ranks(argv: Sequence[str], world_size: int, timeout_s: float | N
     get grace_s to end on their own, then are killed. SIGTERM stops the ranks in order: rank 0
     gets SIGTERM (a server shuts down, saving its cache file, and closes the run, which ends
     the other ranks), and whatever still runs grace_s later is killed."""
-    from exactdraft.parallel.ranks import free_port
+    from exactdraft.parallel.ranks import end_with_parent, free_port, rank_environment
 
-    port = str(free_port())
-    linux = sys.platform.startswith("linux")
+    port = free_port()
     ranks: list[subprocess.Popen] = []
     codes: list[int | None] = [None] * world_size
 
@@ -61,11 +50,9 @@ def run_command_ranks(argv: Sequence[str], world_size: int, timeout_s: float | N
     orderly = False
     try:
         for rank in range(world_size):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size),
-                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            env = dict(os.environ, **rank_environment(rank, world_size, port))
             ranks.append(subprocess.Popen([sys.executable, "-m", "exactdraft", *argv], env=env,
-                                          preexec_fn=_end_with_launcher if linux else None))
+                                          preexec_fn=end_with_parent))
         _watch(ranks, codes, None if timeout_s is None else time.monotonic() + timeout_s,
                grace_s)
     except SystemExit:  # SIGTERM: stopped in order below; the ranks' statuses say the rest

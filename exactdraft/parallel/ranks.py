@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exactdraft.errors import ParameterError
+from exactdraft.parallel.settings import checked_world_size
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,13 +27,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def _end_with(launcher: int) -> None:
-    """End this process when the launcher process `launcher` ends: the kernel's parent-death
-    signal on Linux, and a watch on the parent's id everywhere (it also covers a launcher that
-    died before the signal was set)."""
+def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """torch.distributed's environment for rank `rank` of a run on this machine (what
+    torchrun sets)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}
+
+
+def end_with_parent() -> None:
+    """Ask the kernel to end this process when its parent ends (Linux's parent-death signal;
+    elsewhere nothing)."""
     import signal
     import sys
-    import threading
 
     if sys.platform.startswith("linux"):
         import ctypes
@@ -42,6 +48,15 @@ def _end_with(launcher: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+
+
+def _end_with(launcher: int) -> None:
+    """End this process when the launcher process `launcher` ends: the kernel's parent-death
+    signal on Linux, and a watch on the parent's id everywhere (it also covers a launcher that
+    died before the signal was set)."""
+    import threading
+
+    end_with_parent()
 
     def watch() -> None:
         while os.getppid() == launcher:
@@ -54,9 +69,7 @@ def _end_with(launcher: int) -> None:
 def _rank_main(rank: int, world_size: int, port: int, function: Callable[..., Any],
                args: Sequence[Any], launcher: int) -> None:
     _end_with(launcher)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(rank_environment(rank, world_size, port))
     function(*args)
 
 
@@ -67,8 +80,7 @@ def launch(function: Callable[..., Any], world_size: int, args: Sequence[Any] = 
     `function` must be importable by name (a module-level function)."""
     import torch.multiprocessing as mp
 
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ParameterError(f"world_size must be an integer >= 1, got {world_size!r}")
+    checked_world_size(world_size)
     context = mp.get_context("spawn")
     port = free_port()
     processes = [context.Process(target=_rank_main, name=f"exactdraft-rank-{rank}",

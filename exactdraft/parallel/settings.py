@@ -29,9 +29,7 @@ class ParallelSettings:
     threads_per_rank: int | None = None
 
     def __post_init__(self) -> None:
-        size = self.world_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ParameterError(f"tensor_parallel must be an integer >= 1, got {size!r}")
+        checked_world_size(self.world_size, "tensor_parallel")
         for name in ("timeout_s", "heartbeat_s", "stale_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -45,6 +43,13 @@ class ParallelSettings:
                                     or threads < 1):
             raise ParameterError(f"threads_per_rank must be an integer >= 1 or None, got "
                                  f"{threads!r}")
+
+
+def checked_world_size(value: object, name: str = "world_size") -> int:
+    """A rank count: ParameterError naming `name` unless an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParameterError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def parallel_settings(value: int | ParallelSettings) -> ParallelSettings:

@@ -18,6 +18,7 @@ import numpy as np
 
 from exactdraft.errors import ParameterError
 from exactdraft.formats.table import QuantizedTensor, StackedWeight
+from exactdraft.parallel.settings import checked_world_size
 
 # Rows per group of the dot layout (DOT_GROUP) and a multiple of the grouped layout's 4.
 COLUMN_ALIGN = 16
@@ -27,8 +28,7 @@ def column_ranges(columns: int, world_size: int, align: int = COLUMN_ALIGN
                   ) -> list[tuple[int, int]]:
     """[start, end) of the output columns of each rank: contiguous, in rank order, starting on
     multiples of `align`, as even as that allows (the first ranks take the extra groups)."""
-    if world_size < 1:
-        raise ParameterError(f"tensor_parallel must be >= 1, got {world_size}")
+    checked_world_size(world_size, "tensor_parallel")
     groups = -(-columns // align)
     if groups < world_size:
         raise ParameterError(

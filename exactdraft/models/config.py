@@ -226,3 +226,24 @@ def sliding_windows_from_hf(reader: ConfigReader, num_layers: int) -> tuple[int,
                               f"layers, got {layer_types!r}")
         return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
     return (window,) * num_layers
+
+
+def hf_decoder_shape(reader: ConfigReader, max_position_embeddings: int,
+                     tie_word_embeddings: bool) -> dict[str, Any]:
+    """The DecoderConfig fields every Hugging Face decoder config states the same way (sizes,
+    head counts, norm epsilon, context, tied embeddings, special tokens), read from `reader`;
+    the two arguments are the family's defaults for the keys a config may leave out."""
+    hidden = reader.int("hidden_size")
+    heads = reader.int("num_attention_heads")
+    layers = reader.int("num_hidden_layers")
+    return dict(
+        vocab_size=reader.int("vocab_size"), hidden_size=hidden,
+        intermediate_size=reader.int("intermediate_size"), num_layers=layers, num_heads=heads,
+        num_kv_heads=reader.int("num_key_value_heads", heads),
+        head_dim=reader.int("head_dim", hidden // heads),
+        rms_norm_eps=reader.float("rms_norm_eps", 1e-6),
+        max_position_embeddings=reader.int("max_position_embeddings",
+                                           max_position_embeddings),
+        tie_word_embeddings=reader.bool("tie_word_embeddings", tie_word_embeddings),
+        bos_token_id=reader.int("bos_token_id", None, minimum=0),
+        eos_token_ids=reader.token_ids("eos_token_id"), source=reader.source)

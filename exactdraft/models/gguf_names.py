@@ -267,3 +267,29 @@ class GGUFRenamed(Mapping):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+def gguf_decoder_shape(reader: ConfigReader, fields: Mapping[str, Any], tensors: Any,
+                       max_position_embeddings: int) -> dict[str, Any]:
+    """The DecoderConfig fields every GGUF decoder file states the same way (sizes, head counts,
+    norm epsilon, context, tied embeddings when there is no output.weight, the vocabulary from
+    token_embd's rows, special tokens), read from `reader` (keys under the architecture);
+    `max_position_embeddings` is the family's default context."""
+    source = reader.source
+    hidden = reader.int("embedding_length")
+    heads = reader.int("attention.head_count")
+    layers = reader.int("block_count")
+    head_dim = reader.int("attention.key_length", hidden // heads)
+    if reader.int("attention.value_length", head_dim) != head_dim:
+        raise reader.fail("attention.value_length", f"differs from the key head size "
+                          f"{head_dim}; not supported")
+    if "token_embd.weight" not in tensors:
+        raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
+    return dict(
+        vocab_size=int(tensors.shape("token_embd.weight")[0]), hidden_size=hidden,
+        intermediate_size=reader.int("feed_forward_length"), num_layers=layers,
+        num_heads=heads, num_kv_heads=reader.int("attention.head_count_kv", heads),
+        head_dim=head_dim, rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-6),
+        max_position_embeddings=reader.int("context_length", max_position_embeddings),
+        tie_word_embeddings="output.weight" not in tensors,
+        **gguf_special_tokens(fields, source), source=source)

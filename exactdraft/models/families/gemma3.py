@@ -18,10 +18,18 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import ConfigError
-from exactdraft.models.config import ConfigReader, DecoderConfig, RopeScaling
+from exactdraft.models.config import (
+    ConfigReader,
+    DecoderConfig,
+    RopeScaling,
+    hf_decoder_shape,
+)
 from exactdraft.models.decoder import DecoderModel
 from exactdraft.models.families.registry import Family
-from exactdraft.models.gguf_names import RenamedTensors, gguf_special_tokens
+from exactdraft.models.gguf_names import (
+    RenamedTensors,
+    gguf_decoder_shape,
+)
 from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.transformer import TensorNames, transformer_model
 
@@ -51,39 +59,25 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> DecoderConfig:
                           "gelu_pytorch_tanh")
     if reader.value("final_logit_softcapping", None) is not None:
         raise reader.fail("final_logit_softcapping", "(logit soft-capping) is not supported")
-    hidden = reader.int("hidden_size")
-    heads = reader.int("num_attention_heads")
-    layers = reader.int("num_hidden_layers")
-    head_dim = reader.int("head_dim", hidden // heads)
+    shape = hf_decoder_shape(reader, max_position_embeddings=131072, tie_word_embeddings=True)
     window = reader.int("sliding_window", 4096)
-    kinds = _layer_kinds(reader, layers)
+    kinds = _layer_kinds(reader, shape["num_layers"])
     global_theta, local_theta, scaling = _rope_from_hf(reader)
     return DecoderConfig(
+        **shape,
         model_type="gemma3_text",
-        vocab_size=reader.int("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=reader.int("intermediate_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=reader.int("num_key_value_heads", heads),
-        head_dim=head_dim,
-        rms_norm_eps=reader.float("rms_norm_eps", 1e-6),
         rope_theta=global_theta,
         rope_scaling=scaling,
-        max_position_embeddings=reader.int("max_position_embeddings", 131072),
-        tie_word_embeddings=reader.bool("tie_word_embeddings", True),
         attention_bias=reader.bool("attention_bias", False),
         attention_output_bias=reader.bool("attention_bias", False),
         qk_norm=True,
         sliding_windows=tuple(window if sliding else 0 for sliding in kinds),
-        bos_token_id=reader.int("bos_token_id", None, minimum=0),
-        eos_token_ids=reader.token_ids("eos_token_id"),
         activation="gelu_tanh",
-        attention_scale=1.0 / math.sqrt(reader.float("query_pre_attn_scalar", head_dim)),
-        embedding_scale=float(np.float32(math.sqrt(hidden))),
+        attention_scale=1.0 / math.sqrt(reader.float("query_pre_attn_scalar",
+                                                     shape["head_dim"])),
+        embedding_scale=float(np.float32(math.sqrt(shape["hidden_size"]))),
         sandwich_norms=True,
         local_rope_theta=local_theta,
-        source=source,
     )
 
 
@@ -134,13 +128,8 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     """llama.cpp's gemma3 metadata, read as llama.cpp reads it (its converter writes no
     query_pre_attn_scalar, local rope base or sliding pattern: the defaults below are its)."""
     reader = ConfigReader(fields, source, prefix="gemma3.")
-    hidden = reader.int("embedding_length")
-    heads = reader.int("attention.head_count")
-    layers = reader.int("block_count")
-    head_dim = reader.int("attention.key_length", hidden // heads)
-    if reader.int("attention.value_length", head_dim) != head_dim:
-        raise reader.fail("attention.value_length", f"differs from the key head size "
-                          f"{head_dim}; not supported")
+    shape = gguf_decoder_shape(reader, fields, tensors, max_position_embeddings=131072)
+    hidden, heads, layers = shape["hidden_size"], shape["num_heads"], shape["num_layers"]
     if reader.value("final_logit_softcapping", None):
         raise reader.fail("final_logit_softcapping", "(logit soft-capping) is not supported")
     window = reader.int("attention.sliding_window", 0, minimum=0)
@@ -160,23 +149,12 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     scaling = RopeScaling("linear", factor=factor) if kind == "linear" and factor != 1.0 \
         else None
     # llama.cpp scales the 27B model's scores (62 layers) by hidden / heads instead.
-    scale_dim = hidden // heads if layers == 62 else head_dim
-    if "token_embd.weight" not in tensors:
-        raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
+    scale_dim = hidden // heads if layers == 62 else shape["head_dim"]
     return DecoderConfig(
+        **shape,
         model_type="gemma3_text",
-        vocab_size=int(tensors.shape("token_embd.weight")[0]),
-        hidden_size=hidden,
-        intermediate_size=reader.int("feed_forward_length"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=reader.int("attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=reader.float("rope.freq_base", 1000000.0),
         rope_scaling=scaling,
-        max_position_embeddings=reader.int("context_length", 131072),
-        tie_word_embeddings="output.weight" not in tensors,
         qk_norm=True,
         sliding_windows=tuple(window if is_sliding else 0 for is_sliding in sliding),
         activation="gelu_tanh",
@@ -184,8 +162,6 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
         embedding_scale=float(np.float32(math.sqrt(hidden))),
         sandwich_norms=True,
         local_rope_theta=LOCAL_ROPE_THETA,
-        **gguf_special_tokens(fields, source),
-        source=source,
     )
 
 

@@ -22,6 +22,7 @@ from exactdraft.models.config import (
     ConfigReader,
     DecoderConfig,
     RopeScaling,
+    hf_decoder_shape,
     rope_scaling_from_hf,
     rope_theta_from_hf,
     sliding_windows_from_hf,
@@ -31,8 +32,8 @@ from exactdraft.models.families.registry import Family, family_for_model_type
 from exactdraft.models.gguf_names import (
     ROPE_FACTORS,
     RenamedTensors,
+    gguf_decoder_shape,
     gguf_rope_scaling,
-    gguf_special_tokens,
     rope_row_order,
     take_rows,
 )
@@ -51,32 +52,18 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     activation = reader.value("hidden_act", "silu")
     if activation not in ("silu", "swish"):
         raise reader.fail("hidden_act", f"{activation!r} is not supported; supported: silu")
-    hidden = reader.int("hidden_size")
-    heads = reader.int("num_attention_heads")
-    layers = reader.int("num_hidden_layers")
+    shape = hf_decoder_shape(reader, max_position_embeddings=2048, tie_word_embeddings=False)
     attention_bias = reader.bool("attention_bias", False)
     return DecoderConfig(
+        **shape,
         model_type=model_type,
-        vocab_size=reader.int("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=reader.int("intermediate_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=reader.int("num_key_value_heads", heads),
-        head_dim=reader.int("head_dim", hidden // heads),
-        rms_norm_eps=reader.float("rms_norm_eps", 1e-6),
         rope_theta=rope_theta_from_hf(reader),
         rope_scaling=rope_scaling_from_hf(reader),
-        max_position_embeddings=reader.int("max_position_embeddings", 2048),
-        tie_word_embeddings=reader.bool("tie_word_embeddings", False),
         attention_bias=model_type == "qwen2" or attention_bias,
         attention_output_bias=model_type != "qwen2" and attention_bias,
         mlp_bias=reader.bool("mlp_bias", False),
         qk_norm=model_type == "qwen3",
-        sliding_windows=sliding_windows_from_hf(reader, layers),
-        bos_token_id=reader.int("bos_token_id", None, minimum=0),
-        eos_token_ids=reader.token_ids("eos_token_id"),
-        source=source,
+        sliding_windows=sliding_windows_from_hf(reader, shape["num_layers"]),
     )
 
 
@@ -91,20 +78,12 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     for key in ("embedding_length", "attention.head_count", "block_count"):
         if isinstance(reader.value(key), list):
             raise reader.fail(key, "is per layer, which is not supported")
-    hidden = reader.int("embedding_length")
-    heads = reader.int("attention.head_count")
-    head_dim = reader.int("attention.key_length", hidden // heads)
-    if reader.int("attention.value_length", head_dim) != head_dim:
-        raise reader.fail("attention.value_length", f"differs from the key head size "
-                          f"{head_dim}; not supported")
+    shape = gguf_decoder_shape(reader, fields, tensors, max_position_embeddings=2048)
+    head_dim, layers = shape["head_dim"], shape["num_layers"]
     if reader.int("rope.dimension_count", head_dim) != head_dim:
         raise reader.fail("rope.dimension_count", f"is a partial rotary embedding (of "
                           f"{head_dim} dimensions), which is not supported")
     theta = reader.float("rope.freq_base", 10000.0)
-    layers = reader.int("block_count")
-    if "token_embd.weight" not in tensors:
-        raise ConfigError(f"{source}: GGUF file has no token_embd.weight")
-    vocab = int(tensors.shape("token_embd.weight")[0])
     scaling = gguf_rope_scaling(reader)
     if ROPE_FACTORS in tensors:
         if scaling is not None:
@@ -113,26 +92,15 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
         factors = np.asarray(tensors[ROPE_FACTORS], dtype=np.float64).reshape(-1)
         scaling = llama3_scaling_from_factors(factors, head_dim, theta, original, source)
     return DecoderConfig(
+        **shape,
         model_type=arch,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=reader.int("feed_forward_length"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=reader.int("attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=reader.int("context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
         attention_output_bias="blk.0.attn_output.bias" in tensors,
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         sliding_windows=(reader.int("attention.sliding_window", 0, minimum=0),) * layers,
-        **gguf_special_tokens(fields, source),
-        source=source,
     )
 
 

@@ -63,6 +63,21 @@ def evaluate(generator, serial, prompts: list[str], temperatures: list[float], s
     return records
 
 
+def bundled_target(threads: int):
+    """The bundled SmolLM2 (quantized) on `threads` torch and kernel threads, and its
+    tokenizer."""
+    import torch
+
+    from exactdraft.kernels import cpu
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    torch.set_num_threads(threads)
+    if cpu.available():
+        cpu.set_num_threads(threads)
+    checkpoint = load_checkpoint(None, keep_quantized=True)
+    return build_target(checkpoint, "torch"), checkpoint.tokenizer
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="bundled",
@@ -76,18 +91,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     args = parser.parse_args()
-    import torch
-
     import exactdraft as xd
-    from exactdraft.kernels import cpu
-    from exactdraft.pretrained import build_target, load_checkpoint
 
-    torch.set_num_threads(args.threads)
-    if cpu.available():
-        cpu.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(None, keep_quantized=True)
-    target = build_target(checkpoint, "torch")
-    serial = xd.Generator(target, tokenizer=checkpoint.tokenizer)
+    target, tokenizer = bundled_target(args.threads)
+    serial = xd.Generator(target, tokenizer=tokenizer)
     info = machine()
     print(f"SIMD level {info['simd_level']} ({info['cpu']}), {args.threads} threads; "
           f"{args.tokens} tokens, max_draft {args.max_draft}, tree width {args.tree_width}, "
@@ -97,7 +104,7 @@ def main() -> int:
         head = xd.DraftHead.from_pretrained(None if name == "bundled" else name, target,
                                             max_draft=args.max_draft,
                                             tree_width=args.tree_width)
-        generator = xd.Generator(target, head, tokenizer=checkpoint.tokenizer,
+        generator = xd.Generator(target, head, tokenizer=tokenizer,
                                  adaptive_depth=False)
         for record in evaluate(generator, serial, PROMPTS[:args.prompts],
                                [float(t) for t in args.temperatures.split(",")], args.seeds,

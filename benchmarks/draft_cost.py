@@ -9,10 +9,17 @@ and for each draft vocabulary size N the median time of one draft step: one head
 logits over N target output rows, and the keyed draw (at T=0.7, the candidates' cut included).
 A head's own weights do not depend on N (only which output rows it multiplies), so each size
 reuses the head's block with the N most frequent ids of its vocabulary where N is smaller, or
-its vocabulary plus the lowest other ids where N is larger. The draft step is timed as the
+its vocabulary plus the most frequent other ids where N is larger; frequent as counted in the
+target's greedy replies to the first --frequency-prompts training prompts. For each size, the
+share of the target's greedy tokens on head_acceptance.py's chat prompts inside the vocabulary
+(what a head with it could keep at most); --save-heads DIR writes each resized head there
+(DIR/vocab-N) for head_acceptance.py to count its drafts kept. The draft step is timed as the
 marginal cost of a guess: (propose 4 guesses - propose 1 guess) / 3, the head's rows of the
-committed sequence already computed, as in decoding. Run on a quiet machine; the figures are
-times, so load moves them.
+committed sequence already computed, as in decoding. Medians, and the ratio of the fastest
+repeats (what load adds only slows a repeat down, so minima move least on a shared machine).
+Then, unless --tokens 0, a decode on head_acceptance.py's chat prompts splits each drafted
+pass's time into the head's part and the rest. Run on a quiet machine; the figures are times,
+so load moves them.
 """
 
 from __future__ import annotations
@@ -33,20 +40,44 @@ from head_acceptance import PROMPTS, bundled_target  # noqa: E402
 from verify_cost import pass_costs  # noqa: E402
 
 
-def resized(weights, size: int, vocab_size: int):
-    """The head's weights with a draft vocabulary of `size` ids (see the module docstring)."""
+def frequency_order(generator, prompt_count: int, tokens: int) -> np.ndarray:
+    """Every target id, most frequent first (ties: the lower id), in the target's greedy
+    replies to the first `prompt_count` training prompts (train-drafter's corpus, small)."""
+    from exactdraft.training import corpus
+
+    settings = {"temperatures": (0.0,), "samples": 1, "seed": 0, "max_new_tokens": tokens,
+                "generation_batch": 8}
+    prompts = corpus.read_prompts()[:prompt_count]
+    examples = corpus.generate_corpus(generator, prompts, settings, lambda *line: None)
+    vocab_size = generator.target.vocab_size
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for example in examples:
+        np.add.at(counts, np.asarray(example.tokens[example.n_prompt:], dtype=np.int64), 1)
+    return np.lexsort((np.arange(vocab_size), -counts))
+
+
+def resized(weights, size: int, order: np.ndarray):
+    """The head's weights with a draft vocabulary of `size` ids: the most frequent (`order`)
+    of its own where `size` is smaller, else its own and the most frequent others."""
     from exactdraft.drafters.head_model import HeadWeights
 
     ids = weights.tensors["draft_ids"]
+    own = np.isin(order, ids)
     if size <= len(ids):
-        # Frequency order, when the head's training record names it, is not stored: the ids
-        # alone fix the cost, so evenly spread ones stand in for the most frequent.
-        chosen = ids[np.linspace(0, len(ids) - 1, size).round().astype(np.int64)]
+        chosen = np.sort(order[own][:size])
     else:
-        others = np.setdiff1d(np.arange(vocab_size), ids)[:size - len(ids)]
-        chosen = np.union1d(ids, others)
+        chosen = np.union1d(ids, order[~own][:size - len(ids)])
     config = dataclasses.replace(weights.config, draft_vocab_size=len(chosen))
     return HeadWeights(config, {**weights.tensors, "draft_ids": chosen.astype(np.int64)})
+
+
+def coverage(generator, vocabularies: dict[int, np.ndarray], tokens: int) -> dict[int, float]:
+    """The share of the target's greedy reply tokens on the chat prompts (none of them
+    training prompts) inside each draft vocabulary: the most a head with it could keep."""
+    written = np.concatenate([generator.generate([{"role": "user", "content": prompt}],
+                                                 max_new_tokens=tokens, temperature=0.0,
+                                                 stop_tokens=[]).tokens for prompt in PROMPTS])
+    return {size: float(np.isin(written, ids).mean()) for size, ids in vocabularies.items()}
 
 
 def draft_step_costs(heads: dict[int, object], target, context: int, repeats: int
@@ -74,7 +105,9 @@ def draft_step_costs(heads: dict[int, object], target, context: int, repeats: in
     costs = {}
     for size in heads:
         one, four = (statistics.median(times[size, count]) for count in (1, 4))
-        costs[size] = {"propose_1": one, "propose_4": four, "draft_step": (four - one) / 3}
+        fastest_one, fastest_four = (min(times[size, count]) for count in (1, 4))
+        costs[size] = {"propose_1": one, "propose_4": four, "draft_step": (four - one) / 3,
+                       "fastest_draft_step": (fastest_four - fastest_one) / 3}
     return costs
 
 
@@ -84,13 +117,16 @@ def head_costs(heads: dict[int, object], target, context: int, repeats: int,
     last committed token and max_draft drafts."""
     verify = 1 + max_draft
     passes = pass_costs(target, context, repeats, widths=(1, verify))
+    fastest = pass_costs(target, context, repeats, widths=(1,), statistic=min)[1]
     drafts = draft_step_costs(heads, target, context, repeats)
     step = passes[1]
     return [{"draft_vocab": size, "step_ms": round(step * 1e3, 3),
              f"verify_{verify}_rows_ms": round(passes[verify] * 1e3, 3),
              "draft_step_ms": round(cost["draft_step"] * 1e3, 3),
              "draft_step_over_step": round(cost["draft_step"] / step, 3),
-             "four_drafts_over_step": round(cost["propose_4"] / step, 3)}
+             "four_drafts_over_step": round(cost["propose_4"] / step, 3),
+             "fastest_draft_step_over_fastest_step": round(cost["fastest_draft_step"] / fastest,
+                                                           3)}
             for size, cost in drafts.items()]
 
 
@@ -155,6 +191,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128,
                         help="new tokens per chat prompt of the decode breakdown (0: none)")
+    parser.add_argument("--frequency-prompts", type=int, default=100,
+                        help="training prompts whose replies rank the ids (default: 100)")
+    parser.add_argument("--save-heads", default=None, help="write the resized heads here")
     args = parser.parse_args()
     import exactdraft as xd
     from exactdraft.drafters.head_model import HeadWeights
@@ -165,11 +204,20 @@ def main() -> int:
     info = machine()
     print(f"SIMD level {info['simd_level']} ({info['cpu']}), {args.threads} threads; context "
           f"{args.context}, median of {args.repeats}; head {Path(folder).name}")
-    heads = {size: xd.DraftHead(target, resized(weights, size, target.vocab_size),
-                                source=folder)
-             for size in (int(size) for size in args.sizes.split(","))}
+    serial = xd.Generator(target, tokenizer=tokenizer)
+    order = frequency_order(serial, args.frequency_prompts, 128)
+    resized_heads = {size: resized(weights, size, order)
+                     for size in (int(size) for size in args.sizes.split(","))}
+    shares = coverage(serial, {size: head.tensors["draft_ids"]
+                               for size, head in resized_heads.items()}, 128)
+    heads = {size: xd.DraftHead(target, head, source=folder)
+             for size, head in resized_heads.items()}
     for record in head_costs(heads, target, args.context, args.repeats):
-        print(json.dumps(record), flush=True)
+        print(json.dumps({**record, "greedy_chat_tokens_inside": round(
+            shares[record["draft_vocab"]], 4)}), flush=True)
+    if args.save_heads:
+        for size, head in resized_heads.items():
+            head.save(Path(args.save_heads) / f"vocab-{size}")
     if args.tokens <= 0:
         return 0
     print(f"decode on {len(PROMPTS)} chat prompts, {args.tokens} tokens, max_draft 4, adaptive "

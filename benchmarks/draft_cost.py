@@ -1,12 +1,13 @@
 """What one draft step of the head costs against the target's one-row step, by draft vocabulary.
 
-    python benchmarks/draft_cost.py [--head FOLDER] [--sizes 1024,2048,4096,8192,16384,49152]
-                                    [--context 256] [--repeats 30] [--threads 2]
+    python benchmarks/draft_cost.py [--model GGUF --head FOLDER] [--sizes 2048,4096,8192,...]
+                                    [--context 256] [--repeats 30] [--threads 2] [--tokens 128]
 
-For the bundled SmolLM2 (quantized) and a head for it (default: the bundled one), the median
-time of a one-row target step and of a (1 + max_draft)-row verify pass at `context` positions,
-and for each draft vocabulary size N the median time of one draft step: one head row, its
-logits over N target output rows, and the keyed draw (at T=0.7, the candidates' cut included).
+For the bundled SmolLM2 (or --model; quantized blocks kept) and a head for it (default: the
+bundled one), the median time of a one-row target step and of a (1 + max_draft)-row verify
+pass at `context` positions, and for each draft vocabulary size N the median time of one
+draft step: one head row, its logits over N target output rows, and the keyed draw (at T=0.7,
+the candidates' cut included).
 A head's own weights do not depend on N (only which output rows it multiplies), so each size
 reuses the head's block with the N most frequent ids of its vocabulary where N is smaller, or
 its vocabulary plus the most frequent other ids where N is larger; frequent as counted in the
@@ -36,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import machine  # noqa: E402
-from head_acceptance import PROMPTS, bundled_target  # noqa: E402
+from head_acceptance import PROMPTS, as_prompt, bundled_target  # noqa: E402
 from verify_cost import pass_costs  # noqa: E402
 
 
@@ -74,7 +75,7 @@ def resized(weights, size: int, order: np.ndarray):
 def coverage(generator, vocabularies: dict[int, np.ndarray], tokens: int) -> dict[int, float]:
     """The share of the target's greedy reply tokens on the chat prompts (none of them
     training prompts) inside each draft vocabulary: the most a head with it could keep."""
-    written = np.concatenate([generator.generate([{"role": "user", "content": prompt}],
+    written = np.concatenate([generator.generate(as_prompt(generator.tokenizer, prompt),
                                                  max_new_tokens=tokens, temperature=0.0,
                                                  stop_tokens=[]).tokens for prompt in PROMPTS])
     return {size: float(np.isin(written, ids).mean()) for size, ids in vocabularies.items()}
@@ -159,7 +160,7 @@ def decode_breakdown(target, tokenizer, head, prompts: list[str], tokens: int) -
         for seed, prompt in enumerate(prompts):
             options = dict(max_new_tokens=tokens, temperature=temperature, seed=seed,
                            stop_tokens=[])
-            messages = [{"role": "user", "content": prompt}]
+            messages = as_prompt(tokenizer, prompt)
             alone = serial.generate(messages, **options)
             result = drafted.generate(messages, **options)
             identical &= result.tokens == alone.tokens
@@ -185,7 +186,8 @@ def decode_breakdown(target, tokenizer, head, prompts: list[str], tokens: int) -
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", default=None, help="head folder (default: the bundled one)")
-    parser.add_argument("--sizes", default="1024,2048,4096,8192,16384,49152")
+    parser.add_argument("--sizes", default="2048,4096,8192,16384,49152",
+                        help="draft vocabulary sizes (at most the target's vocabulary)")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
@@ -194,11 +196,14 @@ def main() -> int:
     parser.add_argument("--frequency-prompts", type=int, default=100,
                         help="training prompts whose replies rank the ids (default: 100)")
     parser.add_argument("--save-heads", default=None, help="write the resized heads here")
+    parser.add_argument("--model", default=None,
+                        help="GGUF file or folder (default: the bundled SmolLM2); --head "
+                             "then names a head trained for it")
     args = parser.parse_args()
     import exactdraft as xd
     from exactdraft.drafters.head_model import HeadWeights
 
-    target, tokenizer = bundled_target(args.threads)
+    target, tokenizer = bundled_target(args.threads, args.model)
     folder = args.head or xd.DraftHead.from_pretrained(None, target).source
     weights = HeadWeights.load(folder)
     info = machine()

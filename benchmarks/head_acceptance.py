@@ -37,6 +37,13 @@ PROMPTS = [
 ]
 
 
+def as_prompt(tokenizer, text: str):
+    """A chat message where the tokenizer has a chat template, else the text itself."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return text
+    return [{"role": "user", "content": text}]
+
+
 def evaluate(generator, serial, prompts: list[str], temperatures: list[float], seeds: int,
              tokens: int) -> list[dict]:
     records = []
@@ -44,7 +51,7 @@ def evaluate(generator, serial, prompts: list[str], temperatures: list[float], s
         passes = drafted = accepted = generated = 0
         identical = True
         for prompt in prompts:
-            messages = [{"role": "user", "content": prompt}]
+            messages = as_prompt(serial.tokenizer, prompt)
             for seed in range(seeds):
                 options = dict(max_new_tokens=tokens, temperature=temperature, seed=seed,
                                stop_tokens=[])
@@ -63,9 +70,9 @@ def evaluate(generator, serial, prompts: list[str], temperatures: list[float], s
     return records
 
 
-def bundled_target(threads: int):
-    """The bundled SmolLM2 (quantized) on `threads` torch and kernel threads, and its
-    tokenizer."""
+def bundled_target(threads: int, model: str | None = None):
+    """The bundled SmolLM2 (or `model`, a GGUF file or folder), quantized blocks kept, on
+    `threads` torch and kernel threads, and its tokenizer."""
     import torch
 
     from exactdraft.kernels import cpu
@@ -74,7 +81,7 @@ def bundled_target(threads: int):
     torch.set_num_threads(threads)
     if cpu.available():
         cpu.set_num_threads(threads)
-    checkpoint = load_checkpoint(None, keep_quantized=True)
+    checkpoint = load_checkpoint(model, keep_quantized=True)
     return build_target(checkpoint, "torch"), checkpoint.tokenizer
 
 
@@ -90,10 +97,13 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--model", default=None,
+                        help="GGUF file or folder (default: the bundled SmolLM2); without a "
+                             "chat template the prompts are plain text")
     args = parser.parse_args()
     import exactdraft as xd
 
-    target, tokenizer = bundled_target(args.threads)
+    target, tokenizer = bundled_target(args.threads, args.model)
     serial = xd.Generator(target, tokenizer=tokenizer)
     info = machine()
     print(f"SIMD level {info['simd_level']} ({info['cpu']}), {args.threads} threads; "

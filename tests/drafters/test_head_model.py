@@ -97,15 +97,16 @@ def test_files_keep_the_vocabulary_bit_for_bit(tiny_targets, small_head, tmp_pat
         assert loaded.draft_ids.tobytes() == weights.tensors["draft_ids"].tobytes()
 
 
-def rewritten(folder, destination, draft_ids: np.ndarray):
-    """A copy of the head in `folder` whose stored draft_ids are `draft_ids` as given."""
+def rewritten(folder, destination, draft_ids: np.ndarray | None):
+    """A copy of the head in `folder` whose stored draft_ids are `draft_ids` as given (None:
+    none stored)."""
     from safetensors.numpy import load_file, save_file
 
     HeadWeights.load(folder).save(destination, dtype="float32")
     path = destination / "head.safetensors"
     tensors = load_file(str(path))
     tensors["draft_ids"] = draft_ids
-    save_file(tensors, str(path))
+    save_file({name: value for name, value in tensors.items() if value is not None}, str(path))
     return destination
 
 
@@ -123,6 +124,7 @@ def test_bad_vocabularies_are_refused_by_name(tiny_targets, small_head, tmp_path
         "descending": (ids[::-1].copy(), "draft_ids must be ascending"),
         "float": (ids.astype(np.float32), "'draft_ids' is stored as float32"),
         "narrow": (ids.astype(np.int16), "'draft_ids' is stored as int16"),
+        "missing": (None, "tensor 'draft_ids' is missing"),
     }
     for name, (bad, message) in cases.items():
         folder = rewritten(small_head, tmp_path / name, bad)

@@ -191,6 +191,8 @@ def check_draft_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
     (so distinct); the message names the first id at fault."""
     if ids.dtype != np.int64:
         raise CheckpointError(f"{where}: draft_ids has dtype {ids.dtype.name}, not int64")
+    if ids.size == 0:
+        raise CheckpointError(f"{where}: draft_ids is empty (a head proposes among its ids)")
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
     if outside.size:
         i = int(outside[0])

@@ -6,6 +6,8 @@ with the file and the id named."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,6 @@ def test_an_in_memory_vocabulary_is_checked_too(small_head):
     with pytest.raises(CheckpointError, match=r"<head>: draft_ids\[0\] = 500 is outside"):
         HeadWeights(weights.config, {**weights.tensors,
                                      "draft_ids": np.concatenate([[500], ids[1:]])})
+    empty = dataclasses.replace(weights.config, draft_vocab_size=0)
+    with pytest.raises(CheckpointError, match="draft_ids is empty"):
+        HeadWeights(empty, {**weights.tensors, "draft_ids": ids[:0]})

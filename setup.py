@@ -102,7 +102,8 @@ SHADERS = "exactdraft.kernels.metal_shaders"
 EMULATOR = SHADERS + ".emu"  # a data-only folder, listed so setuptools knows it ships
 # The draft-head training prompts and the bundled draft heads: data-only folders too.
 DATA = {"exactdraft.data": ["*.txt"], "exactdraft.data.heads": [],
-        "exactdraft.data.heads.smollm2": ["*.json", "*.safetensors", "*.md"]}
+        "exactdraft.data.heads.smollm2": ["*.json", "*.safetensors", "*.md"],
+        "exactdraft.data.heads.gemma3_270m": ["*.json", "*.safetensors", "*.md"]}
 
 setup(
     packages=find_packages(include=["exactdraft", "exactdraft.*"]) + [SHADERS, EMULATOR,

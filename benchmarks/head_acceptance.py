@@ -37,6 +37,13 @@ PROMPTS = [
 ]
 
 
+def as_prompt(tokenizer, text: str):
+    """A chat message where the tokenizer has a chat template, else the text itself."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return text
+    return [{"role": "user", "content": text}]
+
+
 def evaluate(generator, serial, prompts: list[str], temperatures: list[float], seeds: int,
              tokens: int) -> list[dict]:
     records = []
@@ -44,7 +51,7 @@ def evaluate(generator, serial, prompts: list[str], temperatures: list[float], s
         passes = drafted = accepted = generated = 0
         identical = True
         for prompt in prompts:
-            messages = [{"role": "user", "content": prompt}]
+            messages = as_prompt(serial.tokenizer, prompt)
             for seed in range(seeds):
                 options = dict(max_new_tokens=tokens, temperature=temperature, seed=seed,
                                stop_tokens=[])
@@ -63,6 +70,21 @@ def evaluate(generator, serial, prompts: list[str], temperatures: list[float], s
     return records
 
 
+def bundled_target(threads: int, model: str | None = None):
+    """The bundled SmolLM2 (or `model`, a GGUF file or folder), quantized blocks kept, on
+    `threads` torch and kernel threads, and its tokenizer."""
+    import torch
+
+    from exactdraft.kernels import cpu
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    torch.set_num_threads(threads)
+    if cpu.available():
+        cpu.set_num_threads(threads)
+    checkpoint = load_checkpoint(model, keep_quantized=True)
+    return build_target(checkpoint, "torch"), checkpoint.tokenizer
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="bundled",
@@ -75,19 +97,14 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--model", default=None,
+                        help="GGUF file or folder (default: the bundled SmolLM2); without a "
+                             "chat template the prompts are plain text")
     args = parser.parse_args()
-    import torch
-
     import exactdraft as xd
-    from exactdraft.kernels import cpu
-    from exactdraft.pretrained import build_target, load_checkpoint
 
-    torch.set_num_threads(args.threads)
-    if cpu.available():
-        cpu.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(None, keep_quantized=True)
-    target = build_target(checkpoint, "torch")
-    serial = xd.Generator(target, tokenizer=checkpoint.tokenizer)
+    target, tokenizer = bundled_target(args.threads, args.model)
+    serial = xd.Generator(target, tokenizer=tokenizer)
     info = machine()
     print(f"SIMD level {info['simd_level']} ({info['cpu']}), {args.threads} threads; "
           f"{args.tokens} tokens, max_draft {args.max_draft}, tree width {args.tree_width}, "
@@ -97,7 +114,7 @@ def main() -> int:
         head = xd.DraftHead.from_pretrained(None if name == "bundled" else name, target,
                                             max_draft=args.max_draft,
                                             tree_width=args.tree_width)
-        generator = xd.Generator(target, head, tokenizer=checkpoint.tokenizer,
+        generator = xd.Generator(target, head, tokenizer=tokenizer,
                                  adaptive_depth=False)
         for record in evaluate(generator, serial, PROMPTS[:args.prompts],
                                [float(t) for t in args.temperatures.split(",")], args.seeds,

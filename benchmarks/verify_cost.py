@@ -25,22 +25,23 @@ sys.path.insert(0, str(ROOT))
 WIDTHS = (1, 2, 4, 8)
 
 
-def pass_costs(target, context: int, repeats: int) -> dict[int, float]:
-    """Median seconds of a W-row pass at `context` positions, for each width."""
+def pass_costs(target, context: int, repeats: int, widths: tuple[int, ...] = WIDTHS,
+               statistic=statistics.median) -> dict[int, float]:
+    """Median (or `statistic`) seconds of a W-row pass at `context` positions, per width."""
     from exactdraft.guard import probe_tokens
 
     prefix = probe_tokens(context, target.vocab_size, salt=11)
-    window = probe_tokens(max(WIDTHS), target.vocab_size, salt=12)
+    window = probe_tokens(max(widths), target.vocab_size, salt=12)
     state = target.new_state()
     target.forward(state, prefix)
-    times: dict[int, list[float]] = {width: [] for width in WIDTHS}
+    times: dict[int, list[float]] = {width: [] for width in widths}
     for _ in range(repeats):
-        for width in WIDTHS:  # interleaved, so drifting machine load hits every width alike
+        for width in widths:  # interleaved, so drifting machine load hits every width alike
             started = time.perf_counter()
             target.forward(state, window[:width], rows="all")
             times[width].append(time.perf_counter() - started)
             target.truncate(state, len(prefix))
-    return {width: statistics.median(values) for width, values in times.items()}
+    return {width: statistic(values) for width, values in times.items()}
 
 
 def main() -> int:

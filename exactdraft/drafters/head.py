@@ -229,8 +229,8 @@ class DraftHead:
                         max_draft: int = 4, weights_format: str = "q8_0",
                         min_confidence: float = 0.0, tree_width: int = 1) -> DraftHead:
         """The head stored in folder `path` (config.json + head.safetensors), for `target`;
-        None: the head bundled with exactdraft for this target (the SmolLM2 head). A head
-        trained for other weights raises CheckpointError."""
+        None: the head bundled with exactdraft for this target (SmolLM2 and Gemma 3 270M have
+        one). A head trained for other weights raises CheckpointError."""
         folder = bundled_head_for(target) if path is None else os.fspath(path)
         return cls(target, HeadWeights.load(folder), max_draft=max_draft, source=folder,
                    weights_format=weights_format, min_confidence=min_confidence,

@@ -4,7 +4,10 @@ Invariant: a head is stored as a safetensors file of its own weights (never pick
 config that names the target it was trained for by that target's weights digest; it is read
 back only for a target with that very digest, and a stored head gives the same arithmetic, so
 the same drafts, as the head that was saved. The head's arithmetic affects drafts only: the
-verifier keeps a draft only when it equals the target's own sample.
+verifier keeps a draft only when it equals the target's own sample. Its draft vocabulary
+(`draft_ids`, the target ids it can propose) is stored with it as integers and read back bit
+for bit; a file whose vocabulary is not integer, holds an id outside the target's vocabulary
+or one id twice, or is not ascending, is refused with the file and the id named.
 
 The computation (EAGLE): head row p reads the embedding of token x_p and a feature of position
 p - 1 (the target's final hidden state there, or the head's own output row when it drafts
@@ -126,6 +129,7 @@ class HeadWeights:
         except Exception as error:  # safetensors raises its own error types
             raise CheckpointError(f"{weights_path}: not a readable safetensors file "
                                   f"({error})") from None
+        check_stored_dtypes(stored, weights_path)
         tensors = {name: (value.astype(np.int64) if name == "draft_ids" else
                           value.astype(np.float32)) for name, value in stored.items()}
         check_tensors(config, tensors, weights_path)
@@ -166,14 +170,44 @@ def check_tensors(config: HeadConfig, tensors: dict[str, np.ndarray], where: str
     extra = sorted(set(tensors) - set(expected))
     if extra:
         raise CheckpointError(f"{where}: unexpected tensors {extra}")
-    ids = tensors["draft_ids"]
-    if ids.size and (ids.min() < 0 or ids.max() >= config.target_vocab_size
-                     or np.any(np.diff(ids) <= 0)):
-        raise CheckpointError(f"{where}: draft_ids must be ascending ids inside the target's "
-                              f"vocabulary [0, {config.target_vocab_size})")
+    check_draft_ids(tensors["draft_ids"], config.target_vocab_size, where)
     if config.num_heads % config.num_kv_heads:
         raise CheckpointError(f"{where}: num_heads {config.num_heads} is not a multiple of "
                               f"num_kv_heads {config.num_kv_heads}")
+
+
+def check_stored_dtypes(stored: dict[str, np.ndarray], where: str) -> None:
+    """draft_ids stored as integers (int32 as save writes them, or int64), the weights as one
+    of STORE_DTYPES: a float vocabulary or an integer weight is refused, not converted."""
+    for name, value in sorted(stored.items()):
+        allowed = ("int32", "int64") if name == "draft_ids" else STORE_DTYPES
+        if value.dtype.name not in allowed:
+            raise CheckpointError(f"{where}: tensor {name!r} is stored as {value.dtype.name}, "
+                                  f"a head stores it as one of {allowed}")
+
+
+def check_draft_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
+    """The draft vocabulary: int64 target ids, each inside [0, vocab_size), strictly ascending
+    (so distinct); the message names the first id at fault."""
+    if ids.dtype != np.int64:
+        raise CheckpointError(f"{where}: draft_ids has dtype {ids.dtype.name}, not int64")
+    if ids.size == 0:
+        raise CheckpointError(f"{where}: draft_ids is empty (a head proposes among its ids)")
+    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if outside.size:
+        i = int(outside[0])
+        raise CheckpointError(f"{where}: draft_ids[{i}] = {int(ids[i])} is outside the target's "
+                              f"vocabulary [0, {vocab_size})")
+    values, counts = np.unique(ids, return_counts=True)
+    if np.any(counts > 1):
+        raise CheckpointError(f"{where}: draft_ids holds id {int(values[counts > 1][0])} "
+                              f"{int(counts[counts > 1][0])} times")
+    unordered = np.flatnonzero(np.diff(ids) < 0)
+    if unordered.size:
+        i = int(unordered[0])
+        raise CheckpointError(f"{where}: draft_ids must be ascending, but draft_ids[{i}] = "
+                              f"{int(ids[i])} comes before draft_ids[{i + 1}] = "
+                              f"{int(ids[i + 1])}")
 
 
 # -- arithmetic --------------------------------------------------------------------------------

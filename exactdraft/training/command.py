@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"replies written per prompt (default: {DEFAULTS.samples})")
     parser.add_argument("--draft-vocab", type=int, default=DEFAULTS.draft_vocab,
                         help=f"tokens the head can propose: the most frequent in the corpus "
-                             f"(default: {DEFAULTS.draft_vocab})")
+                             f"(its output rows are only these; others are never drafted, "
+                             f"which costs speed, never output; default: "
+                             f"{DEFAULTS.draft_vocab})")
     parser.add_argument("--intermediate-size", type=int, default=None,
                         help="the head's MLP width (default: the target's)")
     parser.add_argument("--depth", type=int, default=DEFAULTS.depth,

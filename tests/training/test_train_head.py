@@ -116,14 +116,23 @@ def test_the_command_trains_a_loadable_head(tiny_checkpoints, tiny_targets, tmp_
     out = tmp_path / "head"
     status = main(["train-drafter", tiny_checkpoints["llama"], "--out", str(out), "--epochs",
                    "1", "--prompt-limit", "6", "--max-new-tokens", "12", "--samples", "1",
-                   "--draft-vocab", "64",
+                   "--draft-vocab", "20",
                    "--backend", "torch"])
     captured = capsys.readouterr()
     assert status == 0, captured.err
     assert "epoch 1/1 done" in captured.err and "ETA" in captured.err
     assert f"draft head written to {out}" in captured.out
     head = xd.DraftHead.from_pretrained(out, tiny_targets["llama"])
-    assert head.weights.config.draft_vocab_size == 64
+    assert head.weights.config.draft_vocab_size == len(head.draft_ids) == 20
+    # The 20 tokens the target wrote most often in its corpus (ties: the lower id), counted
+    # here from the corpus file.
+    from collections import Counter
+
+    examples = json.loads((out / "corpus.json").read_text())["examples"]
+    counts = Counter(token for e in examples for token in e["tokens"][e["n_prompt"]:])
+    ranked = sorted(range(tiny_targets["llama"].vocab_size), key=lambda t: (-counts[t], t))
+    assert head.draft_ids.tolist() == sorted(ranked[:20])
+    assert counts[ranked[19]] > 0  # the corpus holds more than 20 distinct tokens
     assert head.weights.config.training["epochs"] == 1
 
 

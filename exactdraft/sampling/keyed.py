@@ -132,8 +132,7 @@ class KeyedSampler:
         if ids[0] < 0 or ids[-1] >= vocab_size or (ids.size > 1 and np.diff(ids).min() <= 0):
             raise ParameterError(f"ids must ascend strictly inside [0, {vocab_size}), not "
                                  f"{ids[0]}..{ids[-1]} (or not ascending)")
-        if params.temperature > 0 and params.seed is None:
-            raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
+        params.check_drawable()
         best = float(values.max())  # NaN fails the comparison below: the full row raises
         # Twice the reach and one more: no rounding of the full row's bound can bring a
         # banned token back among the candidates.
@@ -164,8 +163,7 @@ class KeyedSampler:
         if len(drafts) < rows.shape[0] - 1:
             raise ValueError(f"{rows.shape[0]} rows need {rows.shape[0] - 1} drafts, "
                              f"got {len(drafts)}")
-        if params.temperature > 0 and params.seed is None:
-            raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
+        params.check_drawable()
         n_prompt = len(history) if n_prompt is None else n_prompt
         if not 0 <= n_prompt <= len(history):
             raise ValueError(f"n_prompt {n_prompt} is outside [0, {len(history)}] (history "

@@ -61,8 +61,7 @@ def draw_among(x: Any, tokens: Any, params: SamplingParams, pos: int) -> int:
 def _native_draw(x: Any, tokens: Any | None, params: SamplingParams, pos: int) -> int:
     if _native is None:
         raise NativeSamplerUnavailable(_UNAVAILABLE_REASON)
-    if params.temperature > 0 and params.seed is None:
-        raise ValueError("params.seed is None: resolve one first with params.with_seed()")
+    params.check_drawable()
     # The noise key uses pos modulo 2**64, as the Python key does for any integer.
     arguments = (params.temperature, params.top_k, params.top_p, params.min_p,
                  params.seed or 0, pos & _MASK)

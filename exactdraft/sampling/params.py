@@ -163,6 +163,12 @@ class SamplingParams:
             params = replace(params, temperature=0.0)
         return params
 
+    def check_drawable(self) -> None:
+        """A ParameterError unless a draw can be made with these settings: a sampled draw
+        (temperature > 0) needs its seed resolved (with_seed) first."""
+        if self.temperature > 0 and self.seed is None:
+            raise ParameterError("params.seed is None: resolve one first with params.with_seed()")
+
     def with_seed(self, seed: int | None = None) -> SamplingParams:
         """A copy with this seed, or with a fresh OS seed when none is given or set."""
         if seed is None:

@@ -344,3 +344,21 @@ def test_nan_logits_are_refused():
     row[2] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         KeyedSampler().sample(row, SamplingParams(seed=0), pos=0)
+
+
+def test_every_draw_refuses_an_unresolved_seed_in_one_wording():
+    """A sampled draw needs its seed resolved first (SamplingParams.check_drawable, the one
+    check every path makes); a greedy one does not need a seed at all (the control)."""
+    row = np.array([0.5, 2.0, 1.0], np.float32)
+    unseeded = SamplingParams(temperature=0.7)
+    wording = r"params.seed is None: resolve one first with params.with_seed\(\)"
+    sampler = KeyedSampler()
+    calls = [lambda: sampler.sample(row, unseeded, pos=3),
+             lambda: sampler.sample_among(row, np.arange(3), 3, unseeded, pos=3),
+             lambda: sampler.sample_window(row[None], unseeded, pos=3, history=[])]
+    if sampling_native.available():
+        calls.append(lambda: sampling_native.draw(row.astype(np.float64), unseeded, 3))
+    for call in calls:
+        with pytest.raises(ParameterError, match=wording):
+            call()
+    assert sampler.sample(row, SamplingParams(temperature=0), pos=3) == 1

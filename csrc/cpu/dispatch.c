@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_probe.h"
 #include "thread_pool.h"
 
 /* Below these amounts of work a call runs on the calling thread: waking workers costs more. */
@@ -48,6 +49,9 @@ static int x86_has(const char *feature)
 int supported_levels(const struct kernel_table **out, int capacity)
 {
     int count = 0;
+#if defined(HAVE_AMX_LEVEL)
+    if (count < capacity && !amx_unavailable_reason()) out[count++] = kernels_amx();
+#endif
 #if defined(HAVE_X86_LEVELS)
     if (count < capacity && x86_has("avx512vnni")) out[count++] = &kernels_avx512vnni;
     if (count < capacity && x86_has("avx512")) out[count++] = &kernels_avx512;
@@ -67,6 +71,17 @@ int supported_levels(const struct kernel_table **out, int capacity)
     return count;
 }
 
+int test_levels(const struct kernel_table **out, int capacity)
+{
+    int count = 0;
+#if defined(HAVE_X86_LEVELS)
+    if (count < capacity && x86_has("avx512vnni")) out[count++] = kernels_amx_emulated();
+#endif
+    (void)out;
+    (void)capacity;
+    return count;
+}
+
 static const struct kernel_table *active;
 
 const struct kernel_table *active_level(void)
@@ -83,6 +98,7 @@ int select_level(const char *name)
 {
     const struct kernel_table *levels[8];
     int count = supported_levels(levels, 8);
+    count += test_levels(levels + count, 8 - count);
     for (int i = 0; i < count; i++) {
         if (!strcmp(levels[i]->name, name)) {
             active = levels[i];
@@ -90,6 +106,15 @@ int select_level(const char *name)
         }
     }
     return -1;
+}
+
+const char *probe_amx_level(int assume_cpu_support, int refuse_permission)
+{
+    const char *why = amx_probe(assume_cpu_support, refuse_permission);
+#if defined(HAVE_AMX_LEVEL)
+    if (why && active == kernels_amx()) active = NULL; /* the best level left, when next asked */
+#endif
+    return why;
 }
 
 /* ---- matmul ---- */
@@ -189,9 +214,10 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
     }
 }
 
-static int run_dot_matmul(const struct matmul_problem *p)
+int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem *p,
+                  int parallel)
 {
-    const struct kernel_table *kernels = dot_level(active_level());
+    const struct kernel_table *kernels = dot_level(level);
     const size_t per_block = (size_t)p->rows * (size_t)(p->depth / QUANT_BLOCK);
     const size_t values = per_block * QUANT_BLOCK;
     char *scratch = malloc(values + 5 * per_block * sizeof(float));
@@ -203,18 +229,20 @@ static int run_dot_matmul(const struct matmul_problem *p)
         .sums = (int32_t *)(floats + 2 * per_block), .starts = (int32_t *)(floats + 3 * per_block),
     };
     struct quantize_problem quantize = {p->x, &quantized, p->rows, p->depth};
-    run_quantize_rows(&quantize);
+    if (parallel) run_quantize_rows(&quantize);
+    else kernels->quantize_rows(&quantize, 0, p->rows);
     set_dot_starts(p->format, kernels->q8_code_bias, &quantized, per_block);
     struct matmul_problem with_rows = *p;
     with_rows.quantized = &quantized;
-    run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);
+    if (parallel) run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);
+    else kernels->dot_matmul_columns(&with_rows, 0, p->columns);
     free(scratch);
     return 0;
 }
 
 int run_matmul(const struct matmul_problem *p)
 {
-    if (p->layout == LAYOUT_DOT) return run_dot_matmul(p);
+    if (p->layout == LAYOUT_DOT) return dot_matmul_on(active_level(), p, 1);
     const struct kernel_table *kernels = active_level();
     run_columns(p, kernels->column_tile, kernels->matmul_columns);
     return 0;

@@ -12,12 +12,23 @@
 
 /* The levels this CPU can run, best first; returns how many were written (at most `capacity`). */
 int supported_levels(const struct kernel_table **out, int capacity);
+/* Levels only tests select (select_level accepts them, nothing chooses them by default):
+ * amx_emulated where avx512vnni runs. Returns how many were written. */
+int test_levels(const struct kernel_table **out, int capacity);
 const struct kernel_table *active_level(void);
 /* Make the named level active; returns 0, or -1 if this CPU cannot run it. */
 int select_level(const char *name);
 
+/* Probe the amx level again (amx_probe.h); an active amx level that is now refused gives way
+ * to the best level left. Returns why the level is absent, or NULL. */
+const char *probe_amx_level(int assume_cpu_support, int refuse_permission);
+
 /* Returns 0, or -1 when the dot layout's scratch memory cannot be allocated. */
 int run_matmul(const struct matmul_problem *p);
+/* The dot layout's matmul of p on `level` (its quantization and integer-dot kernels), spread
+ * over the thread pool or, with parallel 0, on the calling thread; returns as run_matmul. */
+int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem *p,
+                  int parallel);
 /* The start values of the dot layout's integer block sums (kernels.h, struct quantized_rows)
  * for `per_block` = rows * K / 32 quantized blocks of a matmul by `format` weights, on a level
  * whose q8_0 codes carry q8_code_bias. */

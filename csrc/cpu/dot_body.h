@@ -54,9 +54,6 @@ static void quantize_rows(const struct quantize_problem *p, ptrdiff_t first, ptr
     }
 }
 
-/* How many records ahead of the one in use the kernel prefetches. */
-#define DOT_PREFETCH_RECORDS 16
-
 struct dot_args {
     const uint8_t *records;  /* the group's record for block 0 */
     size_t record_bytes;
@@ -69,27 +66,7 @@ struct dot_args {
     int columns;             /* columns of the part that exist, at most DOT_VW */
 };
 
-/* What the dot layout stores for a format (kernels.h); all compile-time constants in the
- * instances below. */
-#define NIBBLE_CODES(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q4_1 || (F) == FORMAT_Q4_K)
-#define FLOAT_PARAMETERS(F) ((F) == FORMAT_Q4_K || (F) == FORMAT_Q5_K || (F) == FORMAT_Q6_K)
-#define HAS_MINIMUM(F) ((F) == FORMAT_Q4_1 || (F) == FORMAT_Q5_1 || (F) == FORMAT_Q4_K || \
-                        (F) == FORMAT_Q5_K)
-/* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
- * start is 0 and the row functions get starts = NULL. */
-#define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
-                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0))
-#define PARAMETER_BYTES(F) \
-    ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
-
-/* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
-static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,
-                                      ptrdiff_t lane0)
-{
-    if (FLOAT_PARAMETERS(format))
-        return dv_load((const float *)record + which * DOT_GROUP + lane0);
-    return dv_load_half((const uint16_t *)record + which * DOT_GROUP + lane0);
-}
+#include "dot_record.h"
 
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
 {
@@ -130,27 +107,12 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
             dot_u8_rows(&w, x, starts, rows, isum);
         }
 #pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            const dv activation_scale = dv_set1(q->scales[first + r]);
-            dv term = dv_mul(dv_mul(scale, activation_scale), vi_to_dv(isum[r]));
-            if (HAS_MINIMUM(format))
-                term = dv_add(term, dv_mul(second, dv_set1(q->scaled_sums[first + r])));
-            else if (format == FORMAT_Q6_K)
-                term = dv_add(term, dv_mul(dv_mul(second, activation_scale),
-                                           vi_to_dv(isum1[r])));
-            acc[r] = dv_add(acc[r], term);
-        }
+        for (int r = 0; r < rows; r++)
+            acc[r] = dv_add(acc[r], dot_block_term(format, scale, second, q, first + r, isum[r],
+                                                   &isum1[r]));
     }
-    for (int r = 0; r < rows; r++) {
-        float lanes[DOT_VW];
-        dv_store(lanes, acc[r]);
-        float *out = a->out + r * a->out_stride;
-        for (int c = 0; c < a->columns; c++) {
-            float total = lanes[c];
-            if (a->bias) total += a->bias[c];
-            out[c] = total;
-        }
-    }
+    for (int r = 0; r < rows; r++)
+        dot_store_row(acc[r], a->bias, a->out + r * a->out_stride, a->columns);
 }
 
 typedef void (*dot_function)(const struct dot_args *a);

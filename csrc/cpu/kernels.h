@@ -141,6 +141,15 @@ extern const struct kernel_table kernels_scalar;
 extern const struct kernel_table kernels_avx2;
 extern const struct kernel_table kernels_avx512;
 extern const struct kernel_table kernels_avx512vnni;
+/* The avx512vnni level with the integer-dot matmul on tiles (dot_tiles.h): its tile
+ * operations computed in C (a level for tests only), and on AMX where the compiler has it. */
+const struct kernel_table *kernels_amx_emulated(void);
+#if !defined(EXACTDRAFT_EMULATE_X86) &&                                            \
+    ((defined(__clang__) && __clang_major__ >= 12) ||                               \
+     (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
+#define HAVE_AMX_LEVEL 1
+const struct kernel_table *kernels_amx(void);
+#endif
 #if defined(__GNUC__) && !defined(__clang__)
 /* The scalar level built with FMA instructions (level_scalar_fma.c), for CPUs that have them. */
 #define HAVE_SCALAR_FMA_LEVEL 1

@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "amx_probe.h"
 #include "dispatch.h"
 #include "module_args.h"
 #include "module_layer.h"
@@ -304,12 +305,11 @@ static PyObject *py_simd_level(PyObject *self, PyObject *unused)
     return PyUnicode_FromString(active_level()->name);
 }
 
-static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
+/* The names of the levels a dispatch.c list function gives, as a tuple of str. */
+static PyObject *level_names(int (*list)(const struct kernel_table **out, int capacity))
 {
-    (void)self;
-    (void)unused;
     const struct kernel_table *levels[8];
-    int count = supported_levels(levels, 8);
+    const int count = list(levels, 8);
     PyObject *names = PyTuple_New(count);
     if (!names) return NULL;
     for (int i = 0; i < count; i++) {
@@ -321,6 +321,47 @@ static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
         PyTuple_SET_ITEM(names, i, name);
     }
     return names;
+}
+
+static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return level_names(supported_levels);
+}
+
+static PyObject *py_emulated_simd_levels(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return level_names(test_levels);
+}
+
+static PyObject *reason_or_none(const char *reason)
+{
+    if (reason) return PyUnicode_FromString(reason);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_amx_unavailable_reason(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    const char *reason;
+    Py_BEGIN_ALLOW_THREADS reason = amx_unavailable_reason();
+    Py_END_ALLOW_THREADS
+    return reason_or_none(reason);
+}
+
+static PyObject *py_probe_amx(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int assume_cpu_support, refuse_permission;
+    if (!PyArg_ParseTuple(args, "pp", &assume_cpu_support, &refuse_permission)) return NULL;
+    const char *reason;
+    Py_BEGIN_ALLOW_THREADS reason = probe_amx_level(assume_cpu_support, refuse_permission);
+    Py_END_ALLOW_THREADS
+    return reason_or_none(reason);
 }
 
 static PyObject *py_set_simd_level(PyObject *self, PyObject *arg)
@@ -358,6 +399,11 @@ static PyMethodDef methods[] = {
     {"simd_level", py_simd_level, METH_NOARGS, "the active SIMD level"},
     {"simd_levels", py_simd_levels, METH_NOARGS, "SIMD levels this CPU supports, best first"},
     {"set_simd_level", py_set_simd_level, METH_O, "make a supported SIMD level active"},
+    {"emulated_simd_levels", py_emulated_simd_levels, METH_NOARGS, "levels only tests select"},
+    {"amx_unavailable_reason", py_amx_unavailable_reason, METH_NOARGS,
+     "why the amx level is not offered, or None"},
+    {"probe_amx", py_probe_amx, METH_VARARGS,
+     "probe the amx level again (assume_cpu_support, refuse_permission)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,9 +6,13 @@ The accumulation order over K of a matmul element depends only on K and the weig
 the "dot" layout, each activation row is quantized to int8 blocks on its own and the block sums
 are exact integers, so its bits do not even depend on the SIMD level); attention reduces keys
 in tiles aligned to absolute positions and reads nothing past the row's own position;
-elementwise math runs every element through the same vector code. The SIMD level (avx512vnni,
-avx512, avx2, neon or scalar) is chosen once per process; levels may differ from each other in
-the last bits, so one process keeps one level unless `set_simd_level` changes it.
+elementwise math runs every element through the same vector code. The SIMD level (amx,
+avx512vnni, avx512, avx2, neon or scalar) is chosen once per process; levels may differ from each
+other in the last bits, so one process keeps one level unless `set_simd_level` changes it. The
+amx level (avx512vnni with the dot layout's matmul on AMX tiles) is offered only where CPUID,
+the OS and a load-time self-check against avx512vnni's bits allow it; why it is not offered is
+logged once. `amx_emulated` runs the same tile code with the tile instructions computed in C: it
+exists for tests, which pin it, and is never chosen by default.
 
 Arrays are used in place, never copied: float32 inputs must be C-contiguous numpy arrays or CPU
 torch tensors; outputs are new arrays of the input's kind or the given `out=`.
@@ -16,6 +20,7 @@ torch tensors; outputs are new arrays of the input's kind or the given `out=`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -45,6 +50,12 @@ except ImportError as _error:
         "the package is installed with a C compiler present (gcc or clang): reinstall with "
         "`pip install .` and read the build log's warning if it still fails"
     )
+
+_LOG = logging.getLogger(__name__)
+# Why the amx level is absent, by what an operator should do about it: a CPU without AMX or a
+# build without it is the ordinary case; a refusal on a CPU that has AMX deserves a warning.
+_ORDINARY_AMX_ABSENCE = ("this CPU reports no amx_tile/amx_int8", "this build has no amx level")
+
 
 class CpuKernelsUnavailable(BackendError):
     """The C extension is missing; the message says why."""
@@ -85,7 +96,8 @@ def num_threads() -> int:
 
 
 def simd_level() -> str:
-    """The active SIMD level: 'avx512vnni', 'avx512', 'avx2', 'neon' or 'scalar'."""
+    """The active SIMD level: 'amx', 'avx512vnni', 'avx512', 'avx2', 'neon' or 'scalar' (or a
+    test level that `set_simd_level` pinned)."""
     return _kernels().simd_level()
 
 
@@ -94,12 +106,52 @@ def simd_levels() -> tuple[str, ...]:
     return _kernels().simd_levels()
 
 
+def emulated_simd_levels() -> tuple[str, ...]:
+    """Levels only tests pin (never chosen by default): 'amx_emulated', the amx level's code
+    with the tile instructions computed in C, where avx512vnni runs."""
+    return _kernels().emulated_simd_levels()
+
+
 def set_simd_level(level: str) -> None:
-    """Make a supported level active for every later call (used to test each code path)."""
-    if level not in simd_levels():
+    """Make a supported (or test) level active for every later call (used to test each code
+    path)."""
+    if level not in simd_levels() + emulated_simd_levels():
         raise ValueError(f"SIMD level {level!r} is not supported here; supported: "
-                         f"{', '.join(simd_levels())}")
+                         f"{', '.join(simd_levels() + emulated_simd_levels())}")
     _kernels().set_simd_level(level)
+
+
+def amx_unavailable_reason() -> str | None:
+    """Why the amx level is not offered in this process, or None when it is."""
+    return _kernels().amx_unavailable_reason()
+
+
+def probe_amx(*, refuse_permission: bool = False, assume_cpu_support: bool = False) -> str | None:
+    """Decide again whether the amx level is offered, log why not, and return that reason (None
+    when it is offered); an active amx level that is refused gives way to the next level.
+    `refuse_permission` answers the OS permission request for tile data with a refusal, and
+    `assume_cpu_support` skips the CPUID and XCR0 checks so that the refusal is reached on any
+    CPU (it needs `refuse_permission`: no tile instruction runs on a CPU without AMX)."""
+    if assume_cpu_support and not refuse_permission:
+        raise ValueError("assume_cpu_support needs refuse_permission=True: without the refusal "
+                         "the probe would go on to run tile instructions")
+    reason = _kernels().probe_amx(bool(assume_cpu_support), bool(refuse_permission))
+    _log_amx(reason)
+    return reason
+
+
+def _log_amx(reason: str | None) -> None:
+    """One log line: the amx level is offered, or why not and which level runs instead."""
+    if reason is None:
+        _LOG.info("SIMD level amx offered (tile self-check reproduced avx512vnni's bits)")
+        return
+    ordinary = reason.startswith(_ORDINARY_AMX_ABSENCE)
+    _LOG.log(logging.INFO if ordinary else logging.WARNING,
+             "SIMD level amx not offered: %s; level %s runs", reason, simd_level())
+
+
+if _native is not None:
+    _log_amx(_native.amx_unavailable_reason())
 
 
 # -- kernels -----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Every SIMD level the package builds gives the scalar level's bits (the canonical arithmetic),
 kernel by kernel and for whole decoder layers: csrc/cpu/check_levels.c built with the level
 objects and run natively, under qemu for arm64 NEON, and with the x86 levels built on SIMDe
-(the slow job, on every x86 machine) so that levels a CPU lacks are checked too.
+(the slow job, on every x86 machine) so that levels a CPU lacks are checked too. The amx level's
+tile code runs everywhere avx512vnni does as amx_emulated (the tile instructions computed in
+C), and natively where the CPU and OS offer amx.
 
 The tools come from Debian packages that scripts/install.sh installs when it can (gcc, and
 gcc-aarch64-linux-gnu, qemu-user and libsimde-dev); a test whose tool is missing is skipped
@@ -32,9 +34,16 @@ FLAGS = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", 
 # committed logits hashes by tests/test_portability.py.
 OBJECT_FLAGS = {"level_scalar": ["-O0", "-DEXACTDRAFT_STRUCT_VECTORS"],
                 "level_scalar_fma": ["-O1"]}
-COMMON = ["dispatch", "thread_pool", "decoder_layer", "check_levels", "level_scalar"]
-X86 = ["level_avx2", "level_avx512", "level_avx512vnni", "level_scalar_fma"]
-X86_LEVELS = ("avx2", "avx512", "avx512vnni")
+COMMON = ["dispatch", "thread_pool", "decoder_layer", "check_levels", "level_scalar",
+          "amx_probe", "random_problems"]
+X86 = ["level_avx2", "level_avx512", "level_avx512vnni", "level_scalar_fma", "level_amx",
+       "level_amx_emulated"]
+X86_LEVELS = ("avx2", "avx512", "avx512vnni", "amx")
+# The check program also checks the levels only tests select (amx_emulated, where avx512vnni
+# runs): the amx level's tile code with the tile instructions computed in C.
+EMULATED_LEVELS = len(cpu.emulated_simd_levels()) if cpu.available() else 0
+# On SIMDe every x86 level runs but amx (SIMDe has no tile instructions), and amx_emulated.
+SIMDE_LEVELS = ("avx2", "avx512", "avx512vnni", "amx_emulated")
 ON_X86 = platform.machine() in ("x86_64", "AMD64")
 SIMDE_HEADER = Path("/usr/include/simde/x86/avx512.h")
 # Where the CPU has FMA (every CPU with the avx2 level), the check program also compares the
@@ -92,7 +101,36 @@ def test_native_x86_levels_give_the_scalar_bits(x86_folder):
     if not runnable:
         pytest.skip("this CPU runs no x86 SIMD level natively")
     program = build(x86_folder, "gcc", X86)
-    assert_all_same(run([str(program)]), len(runnable) + SCALAR_FMA)
+    assert_all_same(run([str(program)]), len(runnable) + SCALAR_FMA + EMULATED_LEVELS)
+
+
+def failing_check(x86_folder: Path, folder: Path, define: str,
+                  rebuilt: str) -> subprocess.CompletedProcess:
+    """The native check program with `rebuilt` compiled again with -D`define` (the other objects
+    reused from x86_folder, built there where missing), run; it must report failed checks."""
+    build(x86_folder, "gcc", X86, rebuild=())  # compiles only the objects not there yet
+    for reused in x86_folder.glob("*.o"):
+        shutil.copy(reused, folder / reused.name)
+    program = build(folder, "gcc", X86, extra=[f"-D{define}"], rebuild=(rebuilt,))
+    result = run([str(program)])
+    assert result.returncode == 1 and "CHECKS FAILED" in result.stdout
+    return result
+
+
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_the_level_check_catches_a_reordered_tile_epilogue(x86_folder, tmp_path):
+    """Negative control: the tile level with each block's scales multiplied in another order
+    (s_w * (d_x * isum)) is reported as different, on its multi-row dot checks only (one row
+    runs on the avx512vnni kernel)."""
+    needs("gcc")
+    if not EMULATED_LEVELS:
+        pytest.skip("amx_emulated needs the avx512vnni level, which this CPU does not run")
+    result = failing_check(x86_folder, tmp_path, "EXACTDRAFT_REORDERED_TILE_EPILOGUE",
+                           "level_amx_emulated")
+    different = [line for line in result.stdout.splitlines() if "DIFFERENT" in line]
+    assert different and all(line.startswith("amx_emulated") for line in different)
+    assert any(" dot q4_1 7 x" in line for line in different)
+    assert not any(" dot q4_1 1 x" in line for line in different)
 
 
 @pytest.mark.slow
@@ -103,12 +141,7 @@ def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):
     needs("gcc")
     if not cpu.available() or not set(X86_LEVELS) & set(cpu.simd_levels()):
         pytest.skip("this CPU runs no x86 SIMD level natively")
-    for reused in x86_folder.glob("*.o"):
-        shutil.copy(reused, tmp_path / reused.name)
-    program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_UNFUSED_SCALAR"],
-                    rebuild=("level_scalar",))
-    result = run([str(program)])
-    assert result.returncode == 1 and "CHECKS FAILED" in result.stdout
+    result = failing_check(x86_folder, tmp_path, "EXACTDRAFT_UNFUSED_SCALAR", "level_scalar")
     assert "DIFFERENT" in result.stdout
 
 
@@ -122,7 +155,7 @@ def test_emulated_x86_levels_give_the_scalar_bits(tmp_path):
     # -O1: SIMDe's headers make -O3 builds slow, and the bits do not depend on it.
     program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_EMULATE_X86", "-O1",
                                                  "-Wno-psabi"])
-    assert_all_same(run([str(program)]), len(X86_LEVELS) + SCALAR_FMA)
+    assert_all_same(run([str(program)]), len(SIMDE_LEVELS) + SCALAR_FMA)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-/* The weight formats the CPU kernels read, one row each: the C side of exactdraft/formats.py.
+/* The weight formats the CPU kernels read, one row each: the C side of exactdraft/formats/table.py.
  *
  * Invariant: these rows carry the same facts (kernel code, name, weights and bytes per block) as
  * the formats table in Python; the extension's format_table() hands them out and a test holds

@@ -4,8 +4,8 @@
  * layout reads them: w = scale * (code - offset) + minimum, with float16 parameters copied bit
  * for bit and the k formats' float32 parameters formed as the single float32 products ggml forms
  * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned. It is the C
- * twin of the format rows' block_fields (exactdraft/formats.py, dequantize.py), which tests
- * hold it equal to.
+ * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
+ * which tests hold it equal to.
  */
 #include "pack_dot.h"
 

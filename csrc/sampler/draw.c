@@ -1,7 +1,7 @@
 /* SAMPLER.md's draw, steps 3-9, on the processed float64 logits row x.
  *
  * Invariant: draw() returns the token SAMPLER.md defines for (x, temperature, top_k, top_p,
- * min_p, seed, pos), the token the numpy path of exactdraft/sampling.py returns, and fails
+ * min_p, seed, pos), the token the numpy path of exactdraft/sampling/keyed.py returns, and fails
  * where that path raises (NaN in x, no finite best scaled score, a kept candidate whose keyed
  * uniform rounds to 1.0, where -log(-log(u)) is undefined).
  *

@@ -177,9 +177,8 @@ def _read_template_file(path: str) -> str:
                              "refusing it")
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ParameterError(f"chat_template {path!r} is not UTF-8 text ({error.reason} at "
-                             f"byte {error.start})") from None
+    except UnicodeDecodeError:
+        raise ParameterError(f"chat_template {path!r} is not UTF-8 text") from None
 
 
 def _shown(text: str) -> str:

@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import machine  # noqa: E402
+from cpu_bench import use_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "gemma-3-270m"
@@ -238,18 +238,11 @@ def main() -> int:
         print(json.dumps(llama_worker(json.loads(args.llama_worker))))
         return 0
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
-    import torch
-
     import exactdraft as xd
-    from exactdraft.kernels import cpu
 
-    torch.set_num_threads(args.threads)
-    if cpu.available():
-        cpu.set_num_threads(args.threads)
+    info = use_threads(args.threads, command)
     model = args.model or gemma_model()
-    info = {**machine(), "threads": args.threads}
-    print(f"command: {command}\nSIMD level: {info['simd_level']} ({info['cpu']}, "
-          f"{args.threads} threads)\nmodel: {os.path.basename(model)}, chat template gemma")
+    print(f"model: {os.path.basename(model)}, chat template gemma")
     generator = xd.Generator.from_pretrained(model, chat_template="gemma", progress=False)
     report, ids = exactdraft_turns(generator, args)
     report = {"command": command, "machine": info, "model": os.path.basename(model),

@@ -22,7 +22,8 @@ user message. Figures, on the caller's clock:
 With `--llama-python` (an interpreter with llama-cpp-python), llama.cpp runs the same two
 prompts as token ids (exactdraft's rendering) in one Llama object with `--threads` threads,
 which reuses the longest prefix a prompt shares with what it evaluated before: its time to
-first token cold and for turn 2, and its decode tokens/s for turn 2. Writes agent_turn.json to
+first token cold and for turn 2, and its decode tokens/s for turn 2 (OMP_WAIT_POLICY=PASSIVE,
+as shared cores need). Writes agent_turn.json to
 `--out`; exits 1 when turn 2's text differs from the cacheless run's.
 """
 
@@ -209,8 +210,12 @@ def llama_cpp(model: str, ids: list[list[int]], args) -> dict:
         return {"skipped": "no --llama-python"}
     spec = {"model": model, "prompts": ids, "tokens": args.tokens, "threads": args.threads,
             "context": 32768}
-    done = subprocess.run([args.llama_python, __file__, "--llama-worker", json.dumps(spec)],
-                          capture_output=True, text=True)
+    # The prompts go through stdin: as an argument they would pass the system's length limit.
+    # OpenMP threads that spin while they wait ran llama.cpp's decode at 2 tokens/s on two
+    # shared cores (45 passive): they wait passively here.
+    done = subprocess.run([args.llama_python, __file__, "--llama-worker"],
+                          input=json.dumps(spec), capture_output=True, text=True,
+                          env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     if done.returncode:
         return {"failed": done.stderr[-2000:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -232,16 +237,16 @@ def main() -> int:
     parser.add_argument("--llama-python", default=None,
                         help="a Python with llama-cpp-python, for llama.cpp side by side")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--llama-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llama_worker:
-        print(json.dumps(llama_worker(json.loads(args.llama_worker))))
+        print(json.dumps(llama_worker(json.loads(sys.stdin.read()))))
         return 0
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     import exactdraft as xd
 
     info = use_threads(args.threads, command)
-    model = args.model or gemma_model()
+    model = str(args.model or gemma_model())
     print(f"model: {os.path.basename(model)}, chat template gemma")
     generator = xd.Generator.from_pretrained(model, chat_template="gemma", progress=False)
     report, ids = exactdraft_turns(generator, args)

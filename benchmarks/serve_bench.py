@@ -49,7 +49,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import machine, resolve_model  # noqa: E402
+from cpu_bench import resolve_model, use_threads  # noqa: E402
 from server_peers import exactdraft_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -374,17 +374,9 @@ def main() -> int:
     args.server_repeats = max(1, args.server_repeats)
     args.concurrency_rounds = max(1, args.concurrency_rounds)
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
-    import torch
-
     import exactdraft as xd
-    from exactdraft.kernels import cpu
 
-    torch.set_num_threads(args.threads)
-    if cpu.available():
-        cpu.set_num_threads(args.threads)
-    info = {**machine(), "threads": args.threads}
-    print(f"command: {command}\nSIMD level: {info['simd_level']} ({info['cpu']}, "
-          f"{args.threads} threads)")
+    info = use_threads(args.threads, command)
     generator = xd.Generator.from_pretrained(args.model, progress=False)
     generator.generate(chat(QUESTIONS[0]), max_new_tokens=4, seed=0)  # warm-up
     report = {"command": command, "machine": info, "model": args.model or "bundled SmolLM2"}

@@ -110,11 +110,14 @@ def llama_server(python: str, model: str, threads: int, context: int) -> Iterato
 
 
 @contextmanager
-def exactdraft_server(generator: Any, streams: int) -> Iterator[str]:
-    """The base URL of an exactdraft server for `generator` on 127.0.0.1, stopped on exit."""
+def exactdraft_server(generator: Any, streams: int, prefix_cache_bytes: int | None = 0,
+                      name: str = "bench") -> Iterator[str]:
+    """The base URL of an exactdraft server for `generator` on 127.0.0.1, stopped on exit
+    (`prefix_cache_bytes`: as exactdraft.server.build takes it; none by default)."""
     from exactdraft.server import bound_address, build
 
-    served = build(generator, "bench", port=0, max_sequences=streams, prefix_cache_bytes=0)
+    served = build(generator, name, port=0, max_sequences=streams,
+                   prefix_cache_bytes=prefix_cache_bytes)
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
     try:

@@ -197,7 +197,9 @@ class Generator:
                         drafter: Drafter | Callable[[Target], Drafter] | None = None, *,
                         device: str | None = None, dtype: str | None = None,
                         max_context: int | None = None, strict: bool = False,
-                        progress: bool | None = None, **options: Any) -> Generator:
+                        progress: bool | None = None,
+                        chat_template: str | os.PathLike[str] | None = None,
+                        **options: Any) -> Generator:
         """Load a checkpoint (folder, .gguf file or hub id; None = the bundled SmolLM2) and
         build a Generator with its tokenizer. `drafter` may also be a function of the target
         that returns the drafter, for drafters built on it (for example
@@ -205,9 +207,11 @@ class Generator:
         (keep_quantized, revision, cache_dir, with_tokenizer) or to the Generator
         (prefill_chunk, adaptive_depth, guard, sampling, stop_tokens). The checkpoint's
         generation_config.json, when present, sets the default sampling (unless `sampling` is
-        given) and adds its eos_token_id to the stop tokens. Every argument is checked before
-        anything loads; `progress` shows the loading on stderr (None: when stderr is a
-        terminal)."""
+        given) and adds its eos_token_id to the stop tokens. `chat_template` replaces the
+        checkpoint's chat template (or gives one to a checkpoint without): a built-in's name
+        ("gemma", "chatml"), a Jinja file's path, or the template text. Every argument is
+        checked before anything loads; `progress` shows the loading on stderr (None: when
+        stderr is a terminal)."""
         from exactdraft import pretrained
         from exactdraft.backends.registry import get_backend
 
@@ -216,6 +220,10 @@ class Generator:
         pretrained.check_options(options, pretrained.LOADING_OPTIONS + _GENERATOR_OPTIONS,
                                  "from_pretrained", named)
         check_pretrained_arguments(path_or_id, backend, drafter, device, dtype, max_context)
+        if chat_template is not None:
+            from exactdraft.loading.builtin_templates import chat_template_source
+
+            chat_template = chat_template_source(chat_template)
         own = {name: options.pop(name) for name in _GENERATOR_OPTIONS if name in options}
         check_flags(strict=strict, progress=progress, **{
             k: v for k, v in own.items() if k in ("prefill_chunk", "guard", "adaptive_depth")})
@@ -232,6 +240,11 @@ class Generator:
                 backend = get_backend(backend, device=device, dtype=dtype)
             shown.phase("reading the checkpoint")
             checkpoint = pretrained.load_checkpoint(path_or_id, **options)
+            if chat_template is not None:
+                if checkpoint.tokenizer is None:
+                    raise ParameterError("chat_template needs a tokenizer, and this checkpoint "
+                                         "was loaded without one")
+                checkpoint.tokenizer.use_chat_template(chat_template)
             shown.phase("building the model")
             target = pretrained.build_target(checkpoint, backend, device=device, dtype=dtype,
                                              max_context=max_context)

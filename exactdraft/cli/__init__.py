@@ -61,6 +61,10 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantized", action=argparse.BooleanOptionalAction, default=True,
                         help="keep GGUF q8_0/q4_0/q4_1 matrices in their blocks, the fast path; "
                              "--no-quantized dequantizes them to float32 (default: on)")
+    parser.add_argument("--chat-template", default=None, metavar="NAME|PATH",
+                        help="render chats with this template instead of the model's: a "
+                             "built-in (gemma, chatml) or a Jinja file (default: the model's "
+                             "own)")
     parser.add_argument("--adaptive-depth", action=argparse.BooleanOptionalAction, default=True,
                         help="verify only as many drafts per pass as pay off, judged from pass "
                              "costs timed at load; --no-adaptive-depth always verifies "
@@ -143,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sequences sharing a model pass (default: 8)")
     serve.add_argument("--max-waiting", type=int, default=64,
                        help="requests queued beyond those before answering 429 (default: 64)")
-    serve.add_argument("--prefix-cache-mb", type=int, default=256,
-                       help="memory for cached prompt prefixes, 0 = off (default: 256)")
+    serve.add_argument("--prefix-cache-mb", type=int, default=None,
+                       help="memory for cached prompt prefixes in MiB, 0 = off (default: a "
+                            "quarter of the available memory, 256 to 8192)")
     serve.add_argument("--prefix-cache-file", default=None,
                        help="a safetensors file to start the prefix cache from and save it to "
                             "on shutdown; its location is checked at start (default: none)")
@@ -188,6 +193,10 @@ def validate(args: argparse.Namespace) -> None:
         settings_from(args)  # raises naming the bad setting
         return
     xd.SamplingParams(**explicit_sampling(args))  # raises naming the bad setting
+    if args.chat_template is not None:
+        from exactdraft.loading.builtin_templates import chat_template_source
+
+        chat_template_source(args.chat_template)  # raises naming the bad name or file
     if args.command == "generate" and args.model == STDIN and args.stdin is None:
         args.model, args.stdin = None, STDIN  # `generate -`: the lone positional is the prompt
     if args.command == "serve":

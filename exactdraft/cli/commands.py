@@ -33,7 +33,7 @@ def validate_serve(args: argparse.Namespace) -> None:
                             ("max_waiting", 1, 10**6), ("prefix_cache_mb", 0, 10**7),
                             ("tensor_parallel", 1, 1024)):
         value = getattr(args, name)
-        if not low <= value <= high:
+        if value is not None and not low <= value <= high:
             raise ParameterError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got "
                                  f"{value}")
     if args.prefix_cache_file is not None:  # before a model loads, and again in build
@@ -72,10 +72,11 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready(bound: tuple[str, int]) -> None:
         print(f"exactdraft: serving {name} on http://{bound[0]}:{bound[1]}", flush=True)
 
+    cache_mb = args.prefix_cache_mb
     try:
         serve(generator, name, host=args.host, port=args.port,
               max_sequences=args.max_sequences, max_waiting=args.max_waiting,
-              prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+              prefix_cache_bytes=None if cache_mb is None else cache_mb * 2**20,
               prefix_cache_file=args.prefix_cache_file,
               prefix_cache_key=getattr(args, "prefix_cache_key", None), log_level=args.log_level,
               model_aliases=aliases or None, clamp_max_tokens=args.clamp_max_tokens,

@@ -43,7 +43,8 @@ def load_generator(args: argparse.Namespace) -> Any:
     if getattr(args, "tensor_parallel", 1) > 1:
         options["tensor_parallel"] = args.tensor_parallel
     return xd.Generator.from_pretrained(args.model, drafter=drafter,
-                                        adaptive_depth=args.adaptive_depth, **options)
+                                        adaptive_depth=args.adaptive_depth,
+                                        chat_template=args.chat_template, **options)
 
 
 def sampling_for(generator: Any, args: argparse.Namespace, **fixed: Any) -> Any:

@@ -11,12 +11,18 @@ writes the tokens a cold run writes (chunked prefill equals one-pass prefill).
 Blocks are reference counted: a live sequence holds every block of its prefix, and only blocks
 no sequence holds are evicted, least recently used first, when the cache is over its budget. A
 block is never less recently used than the blocks after it in its chain, so eviction removes
-chain ends first and never leaves a block whose parent is gone. Thread-safe.
+chain ends first and never leaves a block whose parent is gone. A prefix longer than the budget
+keeps its longest leading run of blocks that fits: each stored block is held as it is added, so
+adding the next one can evict other blocks but never the ones before it. Thread-safe.
+
+The default budget follows the machine: a quarter of the memory available when the cache is
+made, at least 256 MiB and at most 8 GiB (`default_budget_bytes`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,6 +34,33 @@ import numpy as np
 from exactdraft.errors import ParameterError
 
 ROOT = hashlib.sha256(b"exactdraft prefix cache root").digest()
+BUDGET_SHARE = 4  # the default budget is 1/BUDGET_SHARE of the available memory
+MIN_BUDGET_BYTES = 256 * 2**20
+MAX_BUDGET_BYTES = 8 * 2**30
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system could give this process now (MemAvailable on Linux, else the
+    physical memory), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_budget_bytes(available_bytes: int | None) -> int:
+    """The default budget for a machine with `available_bytes` of free memory (None: unknown):
+    1/BUDGET_SHARE of it, within [MIN_BUDGET_BYTES, MAX_BUDGET_BYTES]."""
+    if available_bytes is None:
+        return MIN_BUDGET_BYTES
+    return max(MIN_BUDGET_BYTES, min(MAX_BUDGET_BYTES, available_bytes // BUDGET_SHARE))
 
 
 def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -60,9 +93,12 @@ class CacheStats:
 
 class PrefixCache:
     """Blocks of `block_tokens` positions, at most `budget_bytes` of keys and values in all
-    (blocks held by live sequences may exceed it until released)."""
+    (blocks held by live sequences may exceed it until released; None: the default budget for
+    the memory available now)."""
 
-    def __init__(self, budget_bytes: int = 256 * 2**20, block_tokens: int = 16) -> None:
+    def __init__(self, budget_bytes: int | None = None, block_tokens: int = 16) -> None:
+        if budget_bytes is None:
+            budget_bytes = default_budget_bytes(available_memory_bytes())
         for name, value in (("budget_bytes", budget_bytes), ("block_tokens", block_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParameterError(f"{name} must be an integer >= 1, got {value!r}")
@@ -71,7 +107,7 @@ class PrefixCache:
         self.stats = CacheStats()
         self.bytes = 0
         self._blocks: OrderedDict[bytes, Block] = OrderedDict()  # least recently used first
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by store, which holds what it inserts
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -118,25 +154,32 @@ class PrefixCache:
         chain = list(held)
         parent = chain[-1].key if chain else ROOT
         exported, first = None, 0  # the missing blocks' rows, exported in one go
-        for index in range(len(chain), full):
-            own = tuple(int(t) for t in tokens[index * size:(index + 1) * size])
-            key = block_key(parent, own)
-            with self._lock:
-                block = self._blocks.get(key)
-            if block is None:
-                if exported is None:
-                    first = index
-                    exported = target.export_kv(state, index * size, full * size)
-                rows = slice((index - first) * size, (index - first + 1) * size)
-                keys, values = (np.ascontiguousarray(part[:, :, rows]) for part in exported)
-                block = self._insert(Block(key, parent, own, keys, values))
-            if block is None:  # no room: blocks held by live sequences fill the budget
-                break
-            chain.append(block)
-            parent = key
+        try:
+            for index in range(len(chain), full):
+                own = tuple(int(t) for t in tokens[index * size:(index + 1) * size])
+                key = block_key(parent, own)
+                with self._lock:
+                    block = self._blocks.get(key)
+                    if block is not None:
+                        block.references += 1
+                if block is None:
+                    if exported is None:
+                        first = index
+                        exported = target.export_kv(state, index * size, full * size)
+                    rows = slice((index - first) * size, (index - first + 1) * size)
+                    keys, values = (np.ascontiguousarray(part[:, :, rows]) for part in exported)
+                    with self._lock:  # held from the moment it is in: the next cannot evict it
+                        block = self._insert(Block(key, parent, own, keys, values))
+                        if block is not None:
+                            block.references += 1
+                if block is None:  # no room: the blocks before it and held ones fill the budget
+                    break
+                chain.append(block)
+                parent = key
+        except BaseException:
+            self.release(chain[len(held):])
+            raise
         with self._lock:
-            for block in chain[len(held):]:
-                block.references += 1
             self._touch(chain)
             self._evict()
         return chain

@@ -129,6 +129,14 @@ class Tokenizer:
             **template_variables, "messages": checked,
             "add_generation_prompt": add_generation_prompt})
 
+    def use_chat_template(self, source: str) -> None:
+        """Render chats with `source` from now on instead of the checkpoint's template (see
+        exactdraft.loading.builtin_templates.chat_template_source for checked sources)."""
+        if not isinstance(source, str):
+            raise TokenizerError(f"a chat template must be a string, got "
+                                 f"{type(source).__name__}")
+        self.chat_template, self._compiled_template = source, None
+
     # -- construction ----------------------------------------------------------------------
 
     @classmethod

@@ -33,25 +33,27 @@ from exactdraft.models.target import capabilities_of
 
 def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, max_sequences: int = 8, max_waiting: int = 64,
-          prefix_cache_bytes: int = 256 * 2**20, prefix_cache_file: str | None = None,
+          prefix_cache_bytes: int | None = None, prefix_cache_file: str | None = None,
           prefix_cache_key: bytes | None = None,
           log_level: str = "warning", model_aliases: Mapping[str, str] | None = None,
           clamp_max_tokens: bool = False, failure_exit_s: float = 2.0) -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
-    shutdown. `model_aliases`, `clamp_max_tokens`: see exactdraft.server.service.Service.
-    `log_level` is uvicorn's; each request's line goes to the logger `exactdraft.server`
-    instead of uvicorn's access log. `prefix_cache_file` is checked at once (CacheFileError if
-    it cannot be written); with `prefix_cache_key` it is signed and read only when signed with
-    that key. `failure_exit_s`: how long a server whose engine failed answers 503 (so a probe
-    sees why) before it shuts down."""
+    shutdown. `prefix_cache_bytes`: the prefix cache's budget, 0 for none (None: a quarter of
+    the available memory, 256 MiB to 8 GiB; exactdraft.engine.prefix_cache). `model_aliases`,
+    `clamp_max_tokens`: see exactdraft.server.service.Service. `log_level` is uvicorn's; each
+    request's line goes to the logger `exactdraft.server` instead of uvicorn's access log.
+    `prefix_cache_file` is checked at once (CacheFileError if it cannot be written); with
+    `prefix_cache_key` it is signed and read only when signed with that key. `failure_exit_s`:
+    how long a server whose engine failed answers 503 (so a probe sees why) before it shuts
+    down."""
     import uvicorn
 
     from exactdraft.server.app import create_app
     from exactdraft.server.service import check_aliases
 
     check_aliases(model_name, model_aliases)  # before anything starts
-    cache = PrefixCache(budget_bytes=prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+    cache = None if prefix_cache_bytes == 0 else PrefixCache(budget_bytes=prefix_cache_bytes)
     if cache is not None and prefix_cache_file is not None:
         check_location(prefix_cache_file)
         load_prefix_cache(cache, prefix_cache_file, generator.target, prefix_cache_key)

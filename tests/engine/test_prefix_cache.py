@@ -4,8 +4,10 @@ hit length and the prompt chunking, on tiny models of every family; with a negat
 cache that keeps its blocks in bfloat16, as lossy KV caches do). Adversarial prompts: one token
 changed at the first or last position of a block hits only the blocks before it, and a block's
 tokens after another prefix (A = X + Y, then B = Z + Y, then B again) are never A's block.
-Blocks are shared, held while used and evicted least recently used under the budget; cache
-files round-trip, and corrupt, truncated or foreign files are ignored with a warning."""
+Blocks are shared, held while used and evicted least recently used under the budget; a prompt
+bigger than the budget leaves its longest prefix that fits, which the next request reuses with a
+cold run's bits; the default budget follows the available memory; cache files round-trip, and
+corrupt, truncated or foreign files are ignored with a warning."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from exactdraft.engine import (
     Engine,
     PrefixCache,
     load_prefix_cache,
+    prefix_cache,
     save_prefix_cache,
 )
-from exactdraft.engine.prefix_cache import Block
+from exactdraft.engine.prefix_cache import Block, default_budget_bytes
 from exactdraft.guard import probe_tokens
 from tests.conftest import VARIANTS
 from tests.engine.rows import ContextRows, row_differences
@@ -144,6 +147,48 @@ def test_blocks_are_held_while_used_and_evicted_least_recently_used(tiny_targets
     fresh = cache.store(target, state, other, [])
     cache.release(fresh)
     assert cache.blocks() == fresh and cache.acquire(BASE) == []
+
+
+def block_bytes_of(target) -> int:
+    state = target.new_state()
+    target.forward(state, BASE[:8])
+    return PrefixCache(block_tokens=8).store(target, state, BASE[:8], [])[0].nbytes
+
+
+@pytest.mark.parametrize("cache_class", [PrefixCache, BFloat16Cache])
+def test_a_prompt_bigger_than_the_budget_keeps_its_longest_prefix_that_fits(tiny_targets,
+                                                                            cache_class):
+    target = tiny_targets["llama"]
+    cache = cache_class(budget_bytes=3 * block_bytes_of(target), block_tokens=8)
+    generator = caching_generator(target)
+    # BASE is 5 blocks; its run (prompt, then prompt and reply) leaves the first 3.
+    follow_up = BASE + probe_tokens(6, 128, salt=4)
+    try:
+        problems, hits = hits_against_cold(generator, cache, [(follow_up, 16)])
+    except AssertionError as diverged:  # rows so far off that the tokens themselves differ
+        problems, hits = [f"diverged: {diverged}"], [cache.stats.hit_tokens]
+    assert hits == [24] and cache.bytes <= cache.budget_bytes
+    assert [b.tokens for b in cache.blocks()] == [tuple(BASE[i:i + 8]) for i in (0, 8, 16)]
+    with Engine(generator, prefix_cache=cache) as engine:
+        submission = engine.submit(follow_up, **SETTINGS)
+        submission.results(timeout=60)
+    assert submission.cached_tokens == [24]
+    if cache_class is PrefixCache:
+        assert not problems, problems[:5]
+    else:  # negative control: the lossy cache's hit is caught by the same comparison
+        assert problems and all(p.startswith(("context ending", "diverged")) for p in problems)
+
+
+def test_the_default_budget_is_a_quarter_of_the_available_memory_within_bounds(monkeypatch):
+    mib, gib = 2**20, 2**30
+    assert default_budget_bytes(16 * gib) == 4 * gib
+    assert default_budget_bytes(3 * gib) == 768 * mib
+    assert default_budget_bytes(512 * mib) == 256 * mib  # the floor
+    assert default_budget_bytes(64 * gib) == 8 * gib  # the cap
+    assert default_budget_bytes(None) == 256 * mib  # memory unknown: the floor
+    monkeypatch.setattr(prefix_cache, "available_memory_bytes", lambda: 6 * gib)
+    assert PrefixCache().budget_bytes == 1536 * mib
+    assert PrefixCache(budget_bytes=1000).budget_bytes == 1000  # an explicit budget wins
 
 
 def filled_cache(target) -> PrefixCache:

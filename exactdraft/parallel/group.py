@@ -251,28 +251,39 @@ class ParallelGroup:
 
     def agree(self, name: str, value: str) -> None:
         """Every rank states `value`; a TensorParallelError on every rank names the ranks
-        whose value differs from rank 0's, with both values."""
+        whose value differs from rank 0's, with both values. Rank 0, whose process hosts the
+        store, waits until every rank has read the values, so no rank finds the store gone
+        instead of the disagreement."""
         self.store.set(f"agree/{name}/{self.rank}", value)
         keys = [f"agree/{name}/{r}" for r in range(self.world_size)]
-        deadline = time.monotonic() + self.settings.timeout_s
-        while True:  # polled: a timed wait that expires logs a c10d warning each time
-            self.check()
-            try:
-                if self.store.check(keys):
-                    break
-                waited: Exception = TimeoutError(f"not every rank stated the {name}")
-            except RuntimeError as error:
-                waited = error
-            if time.monotonic() > deadline:
-                raise self.diagnose(waited, f"the {name} exchange") from waited
-            time.sleep(self.settings.heartbeat_s / 5)
+        self._wait_for(keys, f"the {name} exchange")
         values = [self.store.get(key).decode() for key in keys]
+        self.store.set(f"agree/{name}/read/{self.rank}", "1")
+        if self.rank == 0:
+            self._wait_for([f"agree/{name}/read/{r}" for r in range(self.world_size)],
+                           f"the {name} exchange")
         differ = [r for r in range(1, self.world_size) if values[r] != values[0]]
         if differ:
             self.failed = TensorParallelError(
                 f"tensor parallel ranks disagree on the {name}: rank {differ[0]} has "
                 f"{values[differ[0]]!r}, rank 0 has {values[0]!r} (differing ranks: {differ})")
             raise self.failed
+
+    def _wait_for(self, keys: list[str], during: str) -> None:
+        """Until every key is in the store, polled (a timed wait that expires logs a c10d
+        warning each time), a lost rank or the timeout raising TensorParallelError."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:
+            self.check()
+            try:
+                if self.store.check(keys):
+                    return
+                waited: Exception = TimeoutError(f"not every rank reached {during}")
+            except RuntimeError as error:
+                waited = error
+            if time.monotonic() > deadline:
+                raise self.diagnose(waited, during) from waited
+            time.sleep(self.settings.heartbeat_s / 5)
 
     def close(self) -> None:
         """Stop the heartbeat and leave the process group (a no-op once done)."""

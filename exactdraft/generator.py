@@ -55,7 +55,12 @@ from exactdraft.progress import Progress
 from exactdraft.prompts import PromptInput, encode_prompt
 from exactdraft.results import Chunk, GenerationResult, GenerationStats, Run
 from exactdraft.sampling.keyed import MAX_TOP_LOGPROBS, KeyedSampler
-from exactdraft.sampling.params import SAMPLING_FIELDS, SamplingParams, sampling_from
+from exactdraft.sampling.params import (
+    SAMPLING_FIELDS,
+    SamplingParams,
+    positional_sampling,
+    sampling_from,
+)
 from exactdraft.stops import StopMatcher, check_stop_tokens
 from exactdraft.verify import ExactVerifier, Verifier
 
@@ -90,15 +95,6 @@ class Stream(Iterator[Chunk]):
 
 _GENERATOR_OPTIONS = ("prefill_chunk", "adaptive_depth", "guard", "sampling", "stop_tokens")
 _DEFAULT_MAX_NEW_TOKENS = 256
-
-
-def positional_sampling(max_new_tokens: Any, sampling: Any) -> tuple[Any, Any]:
-    """(max_new_tokens, sampling) of a call that may give the sampling settings second, as
-    vLLM's `llm.generate(prompts, sampling_params)` does: a SamplingParams or a dict in the
-    max_new_tokens place is the sampling (its max_tokens then applies, or max_tokens=)."""
-    if sampling is None and isinstance(max_new_tokens, (SamplingParams, Mapping)):
-        return None, max_new_tokens
-    return max_new_tokens, sampling
 
 
 class Generator:

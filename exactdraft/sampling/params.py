@@ -209,3 +209,12 @@ def sampling_from(sampling: SamplingParams | Mapping[str, Any] | None, default: 
             raise ParameterError(f"{where}(): unknown sampling setting {name!r}; valid "
                                  f"settings: {', '.join(SAMPLING_FIELDS + REQUEST_FIELDS)}")
     return replace(default, **given) if given else default
+
+
+def positional_sampling(max_new_tokens: Any, sampling: Any) -> tuple[Any, Any]:
+    """(max_new_tokens, sampling) of a call that may give the sampling settings second, as
+    vLLM's `llm.generate(prompts, sampling_params)` does: a SamplingParams or a dict in the
+    max_new_tokens place is the sampling (its max_tokens then applies, or max_tokens=)."""
+    if sampling is None and isinstance(max_new_tokens, (SamplingParams, Mapping)):
+        return None, max_new_tokens
+    return max_new_tokens, sampling

@@ -1,7 +1,7 @@
-"""Hybrid families (qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h): logits against transformers,
-W-row passes against single steps, chunked against one-pass prefill and rollback against the
-serial state, all bitwise, with negative controls: a chunked scan whose bits depend on the
-chunk, and a rollback that truncates only the KV cache."""
+"""Hybrid families (qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, lfm2): logits against
+transformers, W-row passes against single steps, chunked against one-pass prefill and rollback
+against the serial state, all bitwise, with negative controls: a chunked scan whose bits depend
+on the chunk, and a rollback that truncates only the KV cache."""
 
 from __future__ import annotations
 

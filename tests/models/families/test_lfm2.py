@@ -1,9 +1,10 @@
 """LFM2 beyond what the shared hybrid tests check of it (tests/models/test_hybrid.py and
 tests/test_hybrid_generation.py run the tiny `lfm2` of tests/hybrid_checkpoints.py: parity with
 transformers, W-row passes, chunked prefill, rollback at every depth, drafted == serial):
-the convolution's biases and a 4-tap kernel against transformers, the config keys LiquidAI's
-files use, drafted == serial at temperature 0.8, and the negative controls: a convolution
-that forgets its state between passes, and a rollback that cuts only the KV cache."""
+the convolution's biases and a 4-tap kernel against transformers (and the guard's checks),
+the config keys LiquidAI's files use, drafted == serial at temperature 0.8, and the negative
+controls: a convolution that forgets its state between passes, and a rollback that cuts only
+the KV cache."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def test_biased_convolutions_match_transformers(tmp_path):
     tokens = probe_tokens(70, target.vocab_size, salt=3)
     ours = target.forward(target.new_state(), tokens, rows="all")
     assert relative_error(ours, hf_logits(folder, tuple(tokens))) < 2e-5
+    assert check_row_invariance(target, 9) is None  # W-row passes and rollback, 4 taps
 
 
 def test_config_maps_liquid_ai_keys():

@@ -35,9 +35,12 @@ HYBRID_VARIANTS = {
                        head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
                        n_group=2, topk_group=1, routed_scaling_factor=1.5),
+    "lfm2": dict(model_type="lfm2", hidden_size=48, num_attention_heads=3,
+                 num_key_value_heads=1, num_hidden_layers=3,
+                 layer_types=["conv", "full_attention", "conv"], block_multiple_of=16),
 }
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
-RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h", "lfm2")
 
 
 def build_hybrid_checkpoint(folder: str, variant: str, seed: int = 0) -> str:

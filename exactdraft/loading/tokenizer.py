@@ -39,6 +39,7 @@ _GPT2_PRE = ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais")
 _DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact", "codeshell", "command-r", "exaone",
                          "minerva")
 _LLAMA3_PRE = ("llama3", "llama-bpe", "llama-v3", "smaug-bpe", "dbrx", "falcon3")
+_LLAMA3_PRE += ("lfm2",)  # LiquidAI's LFM2: llama.cpp splits and merges it as llama-3
 _QWEN2_PRE = ("qwen2", "deepseek-r1-qwen")
 SUPPORTED_GGUF_PRE_TOKENIZERS = _GPT2_PRE + _DIGITS_THEN_GPT2_PRE + _LLAMA3_PRE + _QWEN2_PRE
 

@@ -47,8 +47,9 @@ EXPERT_PARTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
                 "w2": "ffn_down_exps"}
 EXPERT = re.compile(r"(.*)\.layers\.(\d+)\.(?:mlp|block_sparse_moe|mixer)\.experts\.(\d+)\."
                     r"(\w+)\.weight")
-# Tensors llama.cpp's converter keeps in F32 whatever the output type.
-F32_PARTS = ("ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d")
+# Tensors llama.cpp's converter keeps in F32 whatever the output type (conv: LFM2's
+# shortconv.conv).
+F32_PARTS = ("ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "conv")
 
 
 def read_folder(folder: str) -> tuple[dict, dict[str, np.ndarray]]:

@@ -1,7 +1,7 @@
-"""Hybrid families (qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h): logits against transformers,
-W-row passes against single steps, chunked against one-pass prefill and rollback against the
-serial state, all bitwise, with negative controls: a chunked scan whose bits depend on the
-chunk, and a rollback that truncates only the KV cache."""
+"""Hybrid families (qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, lfm2): logits against
+transformers, W-row passes against single steps, chunked against one-pass prefill and rollback
+against the serial state, all bitwise, with negative controls: a chunked scan whose bits depend
+on the chunk, and a rollback that truncates only the KV cache."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def test_bad_configs_and_tensors_are_named(hybrid_checkpoints, tmp_path):
         build_target(load_checkpoint(str(folder)), "torch")
 
 
-@pytest.mark.parametrize("variant", ["qwen3_5_moe", "nemotron_h"])
+@pytest.mark.parametrize("variant", ["qwen3_5_moe", "nemotron_h", "lfm2"])
 def test_batched_rows_equal_each_sequence_alone(variant, hybrid_targets):
     """Sequences sharing passes (one joining late, one leaving early) keep their own
     recurrent states: every row has the bits of its sequence run alone."""
@@ -257,7 +257,7 @@ def test_batched_rows_equal_each_sequence_alone(variant, hybrid_targets):
 
 
 @pytest.mark.parametrize("backend", ["torch-padded", "mlx"])
-@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_next", "nemotron_h", "lfm2"])
 def test_other_backends_keep_parity_and_the_invariants(variant, backend, hybrid_checkpoints):
     """The guard's W-row and rollback checks, chunked prefill and logits parity on the padded
     torch backend and MLX's CPU backend."""

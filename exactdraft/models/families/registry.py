@@ -62,6 +62,7 @@ _BUILTIN_MODULES = {
     "qwen35moe": "exactdraft.models.families.qwen3_next",
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
+    "lfm2": "exactdraft.models.families.lfm2",
 }
 _REGISTERED: list[Family] = []
 

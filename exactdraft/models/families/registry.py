@@ -62,6 +62,8 @@ _BUILTIN_MODULES = {
     "qwen35moe": "exactdraft.models.families.qwen3_next",
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
+    "gemma4": "exactdraft.models.families.gemma4",
+    "gemma4_text": "exactdraft.models.families.gemma4",
 }
 _REGISTERED: list[Family] = []
 

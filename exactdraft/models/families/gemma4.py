@@ -46,6 +46,7 @@ from exactdraft.models.gemma4_layers import (
 from exactdraft.models.mixers import dense_mlp, norm_vector
 from exactdraft.models.moe import RouterSettings, load_experts
 from exactdraft.models.recurrent import F32
+from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 
 TEXT_PREFIXES = ("model.language_model.", "model.")  # nested (multimodal) checkpoints first
@@ -385,4 +386,7 @@ FAMILY = Family(
     hf_tensors=lambda config, tensors: tensors,
     gguf_tensors=lambda config, tensors, source: tensors,
     build=build,
+    # Every matrix splits by output columns; every rank attends with every head (the layers'
+    # head counts and sizes differ, and the last layers read earlier layers' keys).
+    tensor_parallel=lambda config: TensorParallelSplit(),
 )

@@ -111,10 +111,13 @@ def test_the_config_maps_every_gemma4_feature(targets):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_match_transformers(variant, folders, targets):
-    target = targets[variant]
+    assert_parity(targets[variant], folders[variant])
+
+
+def assert_parity(target, folder: str) -> None:
     tokens = probe_tokens(40, target.vocab_size, salt=3)  # longer than the sliding window
     ours = target.forward(target.new_state(), tokens, rows="all")
-    assert relative_error(ours, hf_logits(folders[variant], tuple(tokens))) < 2e-5
+    assert relative_error(ours, hf_logits(folder, tuple(tokens))) < 2e-5
 
 
 def test_parity_can_fail_without_a_feature(folders, targets):
@@ -193,6 +196,34 @@ def test_a_token_tree_row_equals_its_serial_path(targets):
     assert state_bytes(state) == state_bytes(serial)
 
 
+def test_batched_rows_equal_each_sequence_alone(targets):
+    """Sequences sharing passes (one joining late, one leaving early): each row's per-layer
+    inputs and shared keys are its own sequence's, so it has the bits of its sequence alone."""
+    from tests.models.test_batched import alone, passes, together
+
+    target = targets["full"]
+    sequences = [passes(salt) for salt in range(3)]
+    sequences[1] = sequences[1][:3]
+    assert together(target, sequences) == [alone(target, s) for s in sequences]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_padded_backend_keeps_parity_and_the_invariants(variant, folders):
+    from exactdraft.guard import check_row_invariance
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    target = build_target(load_checkpoint(folders[variant]), "torch-padded")
+    assert check_row_invariance(target, 5) is None
+    assert_parity(target, folders[variant])
+    tokens = probe_tokens(40, target.vocab_size, salt=5)
+    whole = target.forward(target.new_state(), tokens, rows="all")
+    state = target.new_state()
+    first = target.forward(state, tokens[:3], rows="all")
+    assert first.tobytes() + target.forward(state, tokens[3:], rows="all").tobytes() == \
+        whole.tobytes()
+
+
 def drafted_against_serial(target, guard: bool) -> ExactnessCheck:
     serial = xd.Generator(target)
     check = ExactnessCheck()
@@ -244,3 +275,15 @@ def test_bad_configs_are_refused_by_name(edit, field, folders):
         config_from_hf({**raw, **edit}, "config.json")
     with pytest.raises(ConfigError, match="text_config"):
         config_from_hf({"model_type": "gemma4"}, "config.json")
+
+
+@pytest.mark.slow
+def test_two_ranks_write_the_bits_of_one(folders, tmp_path):
+    """TP=2 (two gloo ranks; every matrix split by output columns) against TP=1: chains, a
+    batch, a token tree, truncation, serial, drafted and batched generation, bit for bit."""
+    from tests.parallel.scenarios import same_bits
+    from tests.parallel.test_tensor_parallel import run_both
+
+    parallel, single, outcome = run_both(folders["full"], str(tmp_path), control=False)
+    assert outcome["model"] == "Gemma4Model"
+    assert "tree" in single and same_bits(parallel, single) == []

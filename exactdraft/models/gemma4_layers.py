@@ -33,9 +33,10 @@ from exactdraft.models.state import SequenceState
 @dataclass
 class SharedKVAttention:
     """q = rope(rms_norm(x Wq, q_norm)); where the layer writes its KV slot, k = rope(
-    rms_norm(x Wk, k_norm)) and v = rms_norm(x Wv) (no weight), else the slot an earlier
-    layer wrote is read; scores are q.k times `scale`. qkv holds q's rows, then k's and v's
-    (none for a reading layer)."""
+    rms_norm(x Wk, k_norm)) and v = rms_norm(x Wv) (no weight; Wv is Wk where
+    `values_are_keys`), else the slot an earlier layer wrote is read; scores are q.k times
+    `scale`. qkv holds q's rows, then k's and v's (v's only where they are not k's; none for
+    a reading layer)."""
 
     qkv: Any
     output: Any
@@ -51,6 +52,7 @@ class SharedKVAttention:
     unit_norm: Any = None  # ones [head_dim]: the value norm's weight
     window: int = 0
     scale: float = 1.0
+    values_are_keys: bool = False
 
     def run(self, be: Backend, x: Any, ctx: PassContext) -> Any:
         count = x.shape[0]
@@ -62,7 +64,8 @@ class SharedKVAttention:
                                 self.eps), cos, sin)
         if self.writes:
             k = proj[:, q_size:q_size + kv_size].reshape(count, kv_heads, dim)
-            v = proj[:, q_size + kv_size:].reshape(count, kv_heads, dim)
+            v_start = q_size if self.values_are_keys else q_size + kv_size
+            v = proj[:, v_start:v_start + kv_size].reshape(count, kv_heads, dim)
             k = be.rope(be.rms_norm(k, self.k_norm, self.eps), cos, sin)
             v = be.rms_norm(v, self.unit_norm, self.eps)
         parts, row = [], 0
@@ -91,22 +94,22 @@ class PerLayerInputs:
         self.layers, self.size, self.eps = layers, size, eps
         self.table_scale = F32(np.sqrt(np.float64(size)))
         self.projection_scale = F32(hidden_size ** -0.5)
-        self.ids: np.ndarray | None = None
+        self.token_ids: np.ndarray | None = None
         self.rows: np.ndarray | None = None
 
     def start(self, ids: np.ndarray) -> None:
         """A new pass over these token ids (in row order)."""
-        self.ids, self.rows = ids, None
+        self.token_ids, self.rows = ids, None
 
     def layer_rows(self, be: Backend, layer: int, embedded: Any) -> np.ndarray:
         """Layer `layer`'s rows [rows, size] on the host; `embedded` (the first layer's input,
         the scaled embedding rows) is read at the pass's first request."""
         if self.rows is None:
-            count = self.ids.size
+            count = self.token_ids.size
             projected = be.to_host(be.linear(embedded, self.projection)) * self.projection_scale
             normed = be.to_host(be.rms_norm(
                 be.vector(projected.reshape(count, self.layers, self.size)), self.norm, self.eps))
-            token_rows = embedding_rows(self.table, self.ids) * self.table_scale
+            token_rows = embedding_rows(self.table, self.token_ids) * self.table_scale
             self.rows = (normed + token_rows.reshape(normed.shape)) * F32(2.0 ** -0.5)
         return self.rows[:, layer]
 

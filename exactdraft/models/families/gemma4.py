@@ -24,16 +24,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from exactdraft.errors import ConfigError
 from exactdraft.formats.table import stack_rows
-from exactdraft.models.blocks import RopeTable, rope_frequencies
+from exactdraft.models.blocks import RopeTable
 from exactdraft.models.config import ConfigReader
 from exactdraft.models.decoder import Trunk
+from exactdraft.models.families.gemma4_config import (
+    DEFAULT_ROPE,
+    GLOBAL,
+    SLIDING,
+    SLIDING_PATTERN,
+    Gemma4Config,
+    LayerRope,
+    kv_sources,
+)
+from exactdraft.models.families.gemma4_gguf import config_from_gguf, gguf_tensors
 from exactdraft.models.families.registry import Family
 from exactdraft.models.gemma4_layers import (
     Gemma4Layer,
@@ -50,64 +59,6 @@ from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 
 TEXT_PREFIXES = ("model.language_model.", "model.")  # nested (multimodal) checkpoints first
-SLIDING, GLOBAL = "sliding_attention", "full_attention"
-SLIDING_PATTERN = 6
-DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
-                GLOBAL: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                         "rope_theta": 1000000.0}}
-
-
-@dataclass(frozen=True)
-class LayerRope:
-    """One layer type's rope: base, scaling factor and the share of frequencies rotated."""
-
-    theta: float
-    factor: float = 1.0
-    rotated_share: float = 1.0  # 1: the default rope over the whole head
-
-    def frequencies(self, head_dim: int) -> np.ndarray:
-        angles = int(self.rotated_share * head_dim // 2)
-        rotated = rope_frequencies(head_dim, self.theta, None)[:angles]
-        return np.concatenate([rotated, np.zeros(head_dim // 2 - angles)]) / self.factor
-
-
-@dataclass(frozen=True)
-class Gemma4Config:
-    model_type: str
-    source: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    sliding: tuple[bool, ...]  # per layer: sliding window (True) or global
-    head_dims: tuple[int, ...]  # per layer
-    kv_heads: tuple[int, ...]  # per layer
-    kv_sources: tuple[int, ...]  # per layer: the layer whose keys and values it attends to
-    sliding_window: int
-    ropes: tuple[LayerRope, LayerRope]  # sliding, global
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None = None
-    keys_are_values: bool = False  # global layers' values are their keys' projection
-    double_wide_mlp: bool = False
-    per_layer_size: int = 0
-    per_layer_vocab: int = 0
-    num_experts: int = 0
-    top_k: int = 0
-    expert_size: int = 0
-    final_logit_softcapping: float | None = None
-
-    def writes_kv(self, layer: int) -> bool:
-        return self.kv_sources[layer] == layer
-
-    def mlp_size(self, layer: int) -> int:
-        wide = self.double_wide_mlp and not self.writes_kv(layer)
-        return self.intermediate_size * (2 if wide else 1)
-
-
 def config_from_hf(raw: Mapping[str, Any], source: str) -> Gemma4Config:
     if raw.get("model_type") == "gemma4":
         text = raw.get("text_config")
@@ -137,7 +88,7 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> Gemma4Config:
         hidden_size=hidden, intermediate_size=reader.int("intermediate_size"),
         num_layers=layers, num_heads=heads, sliding=sliding, head_dims=head_dims,
         kv_heads=kv_heads,
-        kv_sources=_kv_sources(reader, sliding, reader.int("num_kv_shared_layers", 0, 0)),
+        kv_sources=kv_sources(reader, sliding, reader.int("num_kv_shared_layers", 0, 0)),
         sliding_window=reader.int("sliding_window", 512),
         ropes=_ropes(reader), rms_norm_eps=reader.float("rms_norm_eps", 1e-6),
         max_position_embeddings=reader.int("max_position_embeddings", 131072),
@@ -203,25 +154,6 @@ def _head_shapes(reader: ConfigReader, sliding: tuple[bool, ...], heads: int
     return tuple(dims), tuple(kv_heads)
 
 
-def _kv_sources(reader: ConfigReader, sliding: tuple[bool, ...], shared: int
-                ) -> tuple[int, ...]:
-    """Each layer itself, except the last `shared` layers: the last earlier layer of their
-    type."""
-    layers = len(sliding)
-    first = layers - shared
-    if first < 1:
-        raise reader.fail("num_kv_shared_layers", f"({shared}) leaves no layer computing keys "
-                          f"among the {layers}")
-    sources = list(range(layers))
-    for i in range(first, layers):
-        earlier = [j for j in range(first) if sliding[j] == sliding[i]]
-        if not earlier:
-            raise reader.fail("num_kv_shared_layers", f"({shared}) leaves layer {i} no "
-                              "earlier layer of its type to read keys from")
-        sources[i] = earlier[-1]
-    return tuple(sources)
-
-
 def _ropes(reader: ConfigReader) -> tuple[LayerRope, LayerRope]:
     parameters = reader.value("rope_parameters", None) or DEFAULT_ROPE
     if not isinstance(parameters, Mapping):
@@ -245,12 +177,6 @@ def _ropes(reader: ConfigReader) -> tuple[LayerRope, LayerRope]:
     return ropes[0], ropes[1]
 
 
-def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
-                     source: str) -> Gemma4Config:
-    raise ConfigError(f"{source}: GGUF files of Gemma 4 are not supported; load its "
-                      "Hugging Face checkpoint")
-
-
 def text_prefix(reader: TensorReader) -> str:
     return next((p for p in TEXT_PREFIXES if reader.has(p + "embed_tokens.weight")),
                 TEXT_PREFIXES[-1])
@@ -263,12 +189,13 @@ def attention(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config, layer
     rows = [reader.get(prefix + "q_proj.weight", (heads * dim, hidden))]
     q_norm = norm_vector(be, reader, prefix + "q_norm.weight", dim)
     writes = c.writes_kv(layer)
+    values_are_keys = c.keys_are_values and not c.sliding[layer]
     k_norm = unit = None
     if writes:
         k = reader.get(prefix + "k_proj.weight", (kv_rows, hidden))
-        values_are_keys = c.keys_are_values and not c.sliding[layer]
-        v = k if values_are_keys else reader.get(prefix + "v_proj.weight", (kv_rows, hidden))
-        rows += [k, v]
+        rows.append(k)
+        if not values_are_keys:
+            rows.append(reader.get(prefix + "v_proj.weight", (kv_rows, hidden)))
         k_norm = norm_vector(be, reader, prefix + "k_norm.weight", dim)
         unit = be.vector(np.ones(dim, dtype=F32))
     return SharedKVAttention(
@@ -276,7 +203,8 @@ def attention(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config, layer
         output=be.matrix(reader.get(prefix + "o_proj.weight", (hidden, heads * dim))),
         num_heads=heads, num_kv_heads=c.kv_heads[layer], head_dim=dim, kv_slot=slot,
         eps=c.rms_norm_eps, q_norm=q_norm, rope=rope, writes=writes, k_norm=k_norm,
-        unit_norm=unit, window=c.sliding_window if c.sliding[layer] else 0)
+        unit_norm=unit, window=c.sliding_window if c.sliding[layer] else 0,
+        values_are_keys=values_are_keys)
 
 
 def experts(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config) -> ScaledExperts:
@@ -340,8 +268,8 @@ def build(config: Gemma4Config, tensors: Mapping[str, Any], backend: Any,
     if c.per_layer_size:
         width = c.num_layers * c.per_layer_size
         inputs = PerLayerInputs(
-            table=reader.array(text + "embed_tokens_per_layer.weight",
-                               (c.per_layer_vocab, width)),
+            table=reader.get(text + "embed_tokens_per_layer.weight",
+                             (c.per_layer_vocab, width)),
             projection=be.matrix(reader.get(text + "per_layer_model_projection.weight",
                                             (width, hidden))),
             norm=norm_vector(be, reader, text + "per_layer_projection_norm.weight",
@@ -361,9 +289,10 @@ def build(config: Gemma4Config, tensors: Mapping[str, Any], backend: Any,
             shapes.append((c.kv_heads[i], c.head_dims[i]))
         layers.append(decoder_layer(be, reader, f"{text}layers.{i}.", c, i,
                                     slots[c.kv_sources[i]], tables[key], inputs))
-    embedding = reader.array(text + "embed_tokens.weight", (c.vocab_size, hidden))
-    head = text + "embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    output = reader.get(head, (c.vocab_size, hidden))
+    # Tables stay as stored (blocks stay blocks): a pass decodes only its rows.
+    embedding = reader.get(text + "embed_tokens.weight", (c.vocab_size, hidden))
+    output = embedding if c.tie_word_embeddings else \
+        reader.get("lm_head.weight", (c.vocab_size, hidden))
     trunk = Trunk(
         model_type=c.model_type, source=c.source, vocab_size=c.vocab_size,
         max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
@@ -380,11 +309,11 @@ def build(config: Gemma4Config, tensors: Mapping[str, Any], backend: Any,
 FAMILY = Family(
     name="gemma4",
     model_types=("gemma4_text", "gemma4"),
-    gguf_architectures=(),
+    gguf_architectures=("gemma4",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=lambda config, tensors, source: tensors,
+    gguf_tensors=gguf_tensors,
     build=build,
     # Every matrix splits by output columns; every rank attends with every head (the layers'
     # head counts and sizes differ, and the last layers read earlier layers' keys).

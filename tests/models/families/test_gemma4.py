@@ -34,10 +34,11 @@ VARIANTS = {
                  use_double_wide_mlp=True, final_logit_softcapping=5.0, sliding_window=8,
                  enable_moe_block=True, num_experts=4, top_k_experts=2,
                  moe_intermediate_size=32),
-    # No layer_types: every layer slides by the 5:1 pattern but the last, which is global.
+    # No layer_types: every layer slides by the 5:1 pattern but the last, which is global;
+    # an output matrix of its own.
     "plain": dict(num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1,
                   head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
-                  sliding_window=8,
+                  sliding_window=8, tie_word_embeddings=False,
                   rope_parameters={"sliding_attention": {"rope_type": "default",
                                                          "rope_theta": 10000.0},
                                    "full_attention": {"rope_type": "default",
@@ -99,10 +100,14 @@ def test_the_config_maps_every_gemma4_feature(targets):
     assert c.kv_sources == (0, 1, 2, 2, 1)  # the last two read the last earlier of their type
     assert [c.mlp_size(i) for i in range(5)] == [96, 96, 96, 192, 192]
     assert c.keys_are_values and c.per_layer_size == 8 and c.num_experts == 4
+    # Global layers' values are their keys' projection: no v rows are held for them.
+    assert [layer.mixer.values_are_keys for layer in targets["full"].layers[:3]] == [
+        False, True, False]
     assert c.final_logit_softcapping == 5.0
     plain = targets["plain"].config
     assert plain.sliding == (True, True, False) and plain.kv_sources == (0, 1, 2)
     assert plain.head_dims == (16, 16, 32) and plain.kv_heads == (1, 1, 1)
+    assert c.tie_word_embeddings and not plain.tie_word_embeddings
     # Slots of different shapes: no KV prefix export; one shape: export.
     assert not targets["full"].capabilities.kv_prefixes
     assert [tuple(k.shape) for k in targets["full"].new_state().cache.keys][:2] == [

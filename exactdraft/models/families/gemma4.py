@@ -18,6 +18,8 @@ it apart from Gemma 3 made explicit:
 - the last layer is global, as transformers forces it.
 Embeddings are scaled by float32(sqrt(hidden)) and tied to the output unless the config says
 otherwise. Bidirectional attention over every token ("all") and attention biases are refused.
+GGUF files (llama.cpp's `gemma4` architecture) are read by gemma4_gguf.py into the same config
+and names.
 """
 
 from __future__ import annotations

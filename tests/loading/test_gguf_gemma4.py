@@ -13,9 +13,16 @@ import numpy as np
 import pytest
 
 from exactdraft.errors import ConfigError
+from exactdraft.formats import QuantizedTensor
 from exactdraft.guard import probe_tokens
-from tests.loading.test_gguf_families import read_folder, write_file
+from tests.loading.test_gguf_families import (
+    q8_0_file_type,
+    read_folder,
+    stored_values,
+    write_file,
+)
 from tests.models.families.test_gemma4 import VARIANTS, build_gemma4
+from tests.models.test_moe import hf_logits, relative_error
 
 gguf = pytest.importorskip("gguf")
 
@@ -54,7 +61,7 @@ def gguf_name(name: str) -> str:
 
 
 def convert(folder: str, path: str, drop: tuple[str, ...] = (),
-            tensors_changed: dict | None = None, **changed) -> str:
+            tensors_changed: dict | None = None, quantized: bool = False, **changed) -> str:
     """The file llama.cpp's converter writes for the folder (`changed` metadata values and
     `tensors_changed` replacing the converter's, the fields in `drop` left out)."""
     config, state = read_folder(folder)
@@ -97,8 +104,11 @@ def convert(folder: str, path: str, drop: tuple[str, ...] = (),
         "expert_feed_forward_length": config["moe_intermediate_size"]}
     values.update(changed)
     tensors.update(tensors_changed or {})
-    for key in drop:
-        del values[key]
+    for key in drop:  # a metadata field or a tensor
+        if key in values:
+            del values[key]
+        else:
+            del tensors[key]
 
     def metadata(writer) -> None:
         for key, value in values.items():
@@ -113,7 +123,7 @@ def convert(folder: str, path: str, drop: tuple[str, ...] = (),
                 writer.add_uint32(full_key, value)
         writer.add_eos_token_id(1)
 
-    return write_file(path, arch, metadata, tensors, False)
+    return write_file(path, arch, metadata, tensors, quantized)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +154,24 @@ def test_f32_file_gives_the_folders_logits_bit_for_bit(variant, folders, tmp_pat
     assert ours.eos_token_ids == (1,)
 
 
+def test_experts_with_gate_and_up_apart_load_alike(folders, tmp_path):
+    """llama.cpp's other expert layout (ffn_gate_exps and ffn_up_exps) gives the same bits."""
+    _, state = read_folder(folders["full"])
+    apart, fused = {}, []
+    for layer in range(VARIANTS["full"]["num_hidden_layers"]):
+        stack = state[f"model.layers.{layer}.experts.gate_up_proj"]
+        inner = stack.shape[1] // 2
+        apart[f"blk.{layer}.ffn_gate_exps.weight"] = stack[:, :inner]
+        apart[f"blk.{layer}.ffn_up_exps.weight"] = stack[:, inner:]
+        fused.append(f"blk.{layer}.ffn_gate_up_exps.weight")
+    together = target_of(convert(folders["full"], str(tmp_path / "fused.gguf")))
+    separate = target_of(convert(folders["full"], str(tmp_path / "apart.gguf"),
+                                 drop=tuple(fused), tensors_changed=apart))
+    tokens = probe_tokens(30, together.vocab_size, salt=2)
+    assert separate.forward(separate.new_state(), tokens, rows="all").tobytes() == \
+        together.forward(together.new_state(), tokens, rows="all").tobytes()
+
+
 @pytest.mark.parametrize("change,field", [
     (dict(drop=("attention.key_length_swa",)), "key_length_swa"),
     (dict(drop=("attention.sliding_window_pattern",)), "sliding_window_pattern"),
@@ -171,3 +199,51 @@ def test_rope_factors_other_than_llama_cpps_are_refused(folders, tmp_path):
                    tensors_changed={"rope_freqs.weight": factors})
     with pytest.raises(ConfigError, match="rope_freqs"):
         load_checkpoint(path)
+
+
+def q8_0_reference(folder: str, destination: str) -> str:
+    """A copy of the folder holding the values its Q8_0 file stores (each tensor as the type
+    the converter gives it by its GGUF name)."""
+    import json
+    import os
+
+    from safetensors.numpy import save_file
+
+    config, state = read_folder(folder)
+    with open(os.path.join(destination, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    for name, values in state.items():
+        part = re.sub(r"\.(weight|bias|scale)$", "", gguf_name(name)).split(".")[-1]
+        state[name] = np.ascontiguousarray(stored_values(values, q8_0_file_type(part, values)))
+    save_file(state, os.path.join(destination, "model.safetensors"))
+    return destination
+
+
+def test_q8_0_file_keeps_its_blocks_and_the_reference_logits(folders, tmp_path):
+    """Blocks kept (experts included), float activations: within the parity tolerance of
+    transformers on the values the file stores; dequantized at load: that folder's bits."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    path = convert(folders["full"], str(tmp_path / "model.gguf"), quantized=True)
+    checkpoint = load_checkpoint(path)
+    kept = {name for name, value in checkpoint.tensors.items()
+            if isinstance(value, QuantizedTensor)}
+    assert {"model.embed_tokens.weight", "model.layers.0.experts.3.gate_up_proj.weight",
+            "model.layers.4.experts.0.down_proj.weight"} <= kept
+    (tmp_path / "reference").mkdir()
+    reference = q8_0_reference(folders["full"], str(tmp_path / "reference"))
+    tokens = probe_tokens(40, checkpoint.config.vocab_size, salt=5)
+    ours = build_target(checkpoint, TorchCPUBackend(quantized_activations=False))
+    got = ours.forward(ours.new_state(), tokens, rows="all")
+    assert relative_error(got, hf_logits(reference, tuple(tokens))) < 2e-5
+    dense = target_of_dense(path)
+    assert dense.forward(dense.new_state(), tokens, rows="all").tobytes() == \
+        target_of(reference).forward(target_of(reference).new_state(), tokens,
+                                     rows="all").tobytes()
+
+
+def target_of_dense(path: str):
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    return build_target(load_checkpoint(path, keep_quantized=False), "torch")

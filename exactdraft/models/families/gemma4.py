@@ -54,7 +54,7 @@ from exactdraft.models.gemma4_layers import (
     ScaledExperts,
     SharedKVAttention,
 )
-from exactdraft.models.mixers import dense_mlp, norm_vector
+from exactdraft.models.mixers import DenseMLP, dense_mlp, norm_vector
 from exactdraft.models.moe import RouterSettings, load_experts
 from exactdraft.models.recurrent import F32
 from exactdraft.models.split import TensorParallelSplit
@@ -221,9 +221,20 @@ def experts(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config) -> Scal
                                 hidden),
         settings=RouterSettings(c.num_experts, c.top_k, normalize=True),
         expert_scales=reader.array(prefix + "router.per_expert_scale", (c.num_experts,)),
-        experts=load_experts(be, reader, prefix + "experts.", c.num_experts, hidden,
-                             c.expert_size, ("gate_proj", "up_proj", "down_proj"),
-                             activation="gelu_tanh"))
+        experts=expert_mlps(be, reader, prefix + "experts.", c))
+
+
+def expert_mlps(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config) -> list[DenseMLP]:
+    """The experts: one by one with gate and up fused (`{e}.gate_up_proj.weight`, as GGUF
+    files are read), or as load_experts reads them (transformers' stacks)."""
+    hidden, inner = c.hidden_size, c.expert_size
+    if not reader.has(f"{prefix}0.gate_up_proj.weight"):
+        return load_experts(be, reader, prefix, c.num_experts, hidden, inner,
+                            ("gate_proj", "up_proj", "down_proj"), activation="gelu_tanh")
+    return [DenseMLP(be.matrix(reader.get(f"{prefix}{e}.gate_up_proj.weight",
+                                          (2 * inner, hidden))),
+                     be.matrix(reader.get(f"{prefix}{e}.down_proj.weight", (hidden, inner))),
+                     "gelu_tanh") for e in range(c.num_experts)]
 
 
 def decoder_layer(be: Any, reader: TensorReader, prefix: str, c: Gemma4Config, layer: int,

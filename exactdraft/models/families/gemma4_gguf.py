@@ -52,11 +52,10 @@ PARTS = {
     "ffn_gate_inp.scale": Part("router.scale"),
     "ffn_down_exps.scale": Part("router.per_expert_scale"),
 }
-# Experts stacked [E, rows, K]: gate and up fused (down then stays a stack too), or one by one.
-FUSED_EXPERTS = {"ffn_gate_up_exps.weight": Part("experts.gate_up_proj"),
-                 "ffn_down_exps.weight": Part("experts.down_proj")}
-SEPARATE_EXPERTS = {f"ffn_{kind}_exps.weight": Part(f"experts.{{e}}.{kind}_proj.weight")
-                    for kind in ("gate", "up", "down")}
+# Experts stacked [E, rows, K] (gate and up fused, or apart), read one expert at a time so that
+# blocks stay blocks.
+EXPERTS = {f"ffn_{kind}_exps.weight": Part(f"experts.{{e}}.{kind}_proj.weight")
+           for kind in ("gate_up", "gate", "up", "down")}
 
 
 def per_layer(reader: Any, key: str, layers: int, default: Any = None) -> tuple[int, ...]:
@@ -143,6 +142,5 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
 
 
 def gguf_tensors(config: Gemma4Config, tensors: Any, source: str) -> GGUFRenamed:
-    fused = any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors)
-    parts = {**PARTS, **SEPARATE_EXPERTS, **(FUSED_EXPERTS if fused else {})}
-    return GGUFRenamed(tensors, source, NAMES, parts, lambda i: f"model.layers.{i}.")
+    return GGUFRenamed(tensors, source, NAMES, {**PARTS, **EXPERTS},
+                       lambda i: f"model.layers.{i}.")

@@ -292,3 +292,27 @@ def test_two_ranks_write_the_bits_of_one(folders, tmp_path):
     parallel, single, outcome = run_both(folders["full"], str(tmp_path), control=False)
     assert outcome["model"] == "Gemma4Model"
     assert "tree" in single and same_bits(parallel, single) == []
+
+
+def test_one_kv_shape_exports_and_imports_prefixes(tmp_path):
+    """With every KV slot of one shape (global layers no wider), prefixes export and import:
+    the imported state continues with the computed state's bits."""
+    from exactdraft.pretrained import build_target, load_checkpoint
+    from tests.conftest import build_tiny_checkpoint
+
+    settings = {**VARIANTS["full"], "global_head_dim": 16, "num_global_key_value_heads": 3}
+    folder = build_tiny_checkpoint(str(tmp_path), "llama", model_type="gemma4_text", **settings)
+    target = build_target(load_checkpoint(folder), "torch")
+    assert target.capabilities.kv_prefixes
+    tokens = probe_tokens(30, target.vocab_size, salt=7)
+    computed = target.new_state()
+    target.forward(computed, tokens[:20])
+    keys, values = target.export_kv(computed, 0, 20)
+    imported = target.new_state()
+    target.import_kv(imported, keys, values)
+    expected = target.forward(computed, tokens[20:], rows="all").tobytes()
+    assert target.forward(imported, tokens[20:], rows="all").tobytes() == expected
+    # Negative control: a prefix imported with its keys as values continues otherwise.
+    wrong = target.new_state()
+    target.import_kv(wrong, keys, keys)
+    assert target.forward(wrong, tokens[20:], rows="all").tobytes() != expected

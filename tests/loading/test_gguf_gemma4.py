@@ -179,6 +179,7 @@ def test_experts_with_gate_and_up_apart_load_alike(folders, tmp_path):
     ({"feed_forward_length": [96, 96, 192, 192, 192]}, "feed_forward_length"),
     ({"attention.head_count_kv": [3, 2, 3, 3, 2]}, "head_count_kv"),
     ({"attention.value_length": 16}, "value_length"),
+    ({"expert_used_count": 5}, "expert_used_count"),
 ])
 def test_a_missing_or_inconsistent_field_is_named(change, field, folders, tmp_path):
     from exactdraft.pretrained import load_checkpoint

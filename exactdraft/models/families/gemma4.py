@@ -61,7 +61,11 @@ from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 
 TEXT_PREFIXES = ("model.language_model.", "model.")  # nested (multimodal) checkpoints first
+
+
 def config_from_hf(raw: Mapping[str, Any], source: str) -> Gemma4Config:
+    """A Gemma 4 text config: `gemma4_text`, or `gemma4` with its `text_config` (the vision
+    and audio parts are ignored)."""
     if raw.get("model_type") == "gemma4":
         text = raw.get("text_config")
         if not isinstance(text, Mapping):
@@ -85,6 +89,9 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> Gemma4Config:
     per_layer_size = reader.int("hidden_size_per_layer_input", 0, minimum=0)
     experts = reader.bool("enable_moe_block", False)
     softcap = reader.float("final_logit_softcapping", None)
+    if experts and reader.int("top_k_experts") > reader.int("num_experts"):
+        raise reader.fail("top_k_experts", f"({reader.int('top_k_experts')}) exceeds the "
+                          f"{reader.int('num_experts')} experts")
     return Gemma4Config(
         model_type="gemma4_text", source=source, vocab_size=reader.int("vocab_size"),
         hidden_size=hidden, intermediate_size=reader.int("intermediate_size"),

@@ -120,6 +120,9 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     first_global = next(i for i in range(layers) if not sliding[i])
     per_layer_size = reader.int("embedding_length_per_layer_input", 0, minimum=0)
     experts = reader.int("expert_count", 0, minimum=0)
+    if experts and reader.int("expert_used_count") > experts:
+        raise reader.fail("expert_used_count", f"({reader.int('expert_used_count')}) exceeds "
+                          f"the {experts} experts")
     return Gemma4Config(
         model_type="gemma4_text", source=source,
         vocab_size=int(tensors.shape("token_embd.weight")[0]), hidden_size=hidden,

@@ -269,6 +269,7 @@ def test_negative_control_pass_dependent_per_layer_inputs_are_caught(folders, mo
     ({"per_layer_config": {"1": {"sliding_window": 4}}}, "sliding_window"),
     ({"attention_bias": True}, "attention_bias"),
     ({"hidden_activation": "silu"}, "hidden_activation"),
+    ({"top_k_experts": 5}, "top_k_experts"),
 ])
 def test_bad_configs_are_refused_by_name(edit, field, folders):
     from exactdraft.models.families.gemma4 import config_from_hf

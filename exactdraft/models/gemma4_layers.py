@@ -97,8 +97,9 @@ class PerLayerInputs:
         self.token_ids: np.ndarray | None = None
         self.rows: np.ndarray | None = None
 
-    def start(self, ids: np.ndarray) -> None:
-        """A new pass over these token ids (in row order)."""
+    def start(self, ids: np.ndarray | None) -> None:
+        """A new pass over these token ids (in row order); None after a pass, so that its
+        rows are not held."""
         self.token_ids, self.rows = ids, None
 
     def layer_rows(self, be: Backend, layer: int, embedded: Any) -> np.ndarray:
@@ -215,9 +216,14 @@ class Gemma4Model(DecoderModel):
         return state
 
     def _pass(self, parts: list, ids: list[np.ndarray], rows: Any, features: bool) -> Any:
-        if self.per_layer_inputs is not None:
-            self.per_layer_inputs.start(np.concatenate(ids))
-        out = super()._pass(parts, ids, rows, features)
+        inputs = self.per_layer_inputs
+        if inputs is not None:
+            inputs.start(np.concatenate(ids))
+        try:
+            out = super()._pass(parts, ids, rows, features)
+        finally:
+            if inputs is not None:
+                inputs.start(None)
         if self.softcap is None:
             return out
         logits = out[0] if features else out

@@ -63,6 +63,8 @@ _BUILTIN_MODULES = {
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
     "lfm2": "exactdraft.models.families.lfm2",
+    "gemma4": "exactdraft.models.families.gemma4",
+    "gemma4_text": "exactdraft.models.families.gemma4",
 }
 _REGISTERED: list[Family] = []
 

@@ -62,6 +62,7 @@ _BUILTIN_MODULES = {
     "qwen35moe": "exactdraft.models.families.qwen3_next",
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
+    "deepseek_v3": "exactdraft.models.families.deepseek_v3",
 }
 _REGISTERED: list[Family] = []
 

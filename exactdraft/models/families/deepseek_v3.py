@@ -1,0 +1,164 @@
+"""The DeepSeek-V3 family (deepseek_v3: DeepSeek-V3, R1, and the checkpoints that share its
+layout): config mapping, tensor names and the model (a decoder of multi-head latent attention
+and mixture-of-experts layers, with the checkpoint's MTP layer as an MTPHead).
+
+Invariant: a checkpoint reaches the model with the values it stores under Hugging Face's names
+and with the family's choices explicit: every layer is multi-head latent attention
+(latent_attention.py) with the yarn rope of `rope_parameters` (yarn.py: scaled frequencies, cos
+and sin times the attention factor, the score scale qk_head_dim^-0.5 times
+mscale(factor, mscale_all_dim)^2); the first `first_k_dense_replace` layers have a dense MLP
+and the rest sigmoid_moe.py's experts. The cache holds per token and layer the latent and the
+rope key (kv_lora_rank + qk_rope_head_dim values), not per-head keys and values.
+
+The `num_nextn_predict_layers` layers stored after the trunk (`model.layers.{L + j}.`, with
+enorm, hnorm, eh_proj and shared_head.norm / shared_head.head beside the layer's own tensors)
+become the MTPHead drafting for it (mtp_head.py), run as the trunk's layers are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exactdraft.errors import ConfigError
+from exactdraft.models.config import ConfigReader, rope_theta_from_hf
+from exactdraft.models.decoder import Trunk
+from exactdraft.models.families.registry import Family
+from exactdraft.models.latent_attention import LatentDecoderModel, load_latent_attention
+from exactdraft.models.latent_mtp import latent_mtp_head
+from exactdraft.models.layer import Layer
+from exactdraft.models.mixers import dense_mlp, norm_vector
+from exactdraft.models.sigmoid_moe import SigmoidRouting, load_sigmoid_moe, sigmoid_routing_from_hf
+from exactdraft.models.tensors import TensorReader
+from exactdraft.models.yarn import YarnScaling, yarn_from_hf, yarn_rope, yarn_score_scale
+
+
+@dataclass(frozen=True)
+class DeepseekV3Config:
+    source: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # of the dense layers
+    num_layers: int
+    num_heads: int
+    q_lora_rank: int  # 0: q_proj directly
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool
+    rms_norm_eps: float
+    rope_theta: float
+    yarn: YarnScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: tuple[int, ...]
+    routing: SigmoidRouting
+    mtp_layers: int = 0
+
+    @property
+    def cache_width(self) -> int:
+        """Values the cache holds per token and layer: the latent and the rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+def config_from_hf(raw: Mapping[str, Any], source: str) -> DeepseekV3Config:
+    reader = ConfigReader(raw, source)
+    if reader.value("hidden_act", "silu") not in ("silu", "swish"):
+        raise reader.fail("hidden_act", "is not supported; supported: silu")
+    rope_dim = reader.int("qk_rope_head_dim")
+    if rope_dim % 2:
+        raise reader.fail("qk_rope_head_dim", f"must be even, got {rope_dim}")
+    return DeepseekV3Config(
+        source=source, vocab_size=reader.int("vocab_size"),
+        hidden_size=reader.int("hidden_size"), intermediate_size=reader.int("intermediate_size"),
+        num_layers=reader.int("num_hidden_layers"), num_heads=reader.int("num_attention_heads"),
+        q_lora_rank=reader.int("q_lora_rank", 0, minimum=0),
+        kv_lora_rank=reader.int("kv_lora_rank"),
+        qk_nope_head_dim=reader.int("qk_nope_head_dim"), qk_rope_head_dim=rope_dim,
+        v_head_dim=reader.int("v_head_dim"),
+        rope_interleave=reader.bool("rope_interleave", True),
+        rms_norm_eps=reader.float("rms_norm_eps", 1e-6), rope_theta=rope_theta_from_hf(reader),
+        yarn=yarn_from_hf(reader),
+        max_position_embeddings=reader.int("max_position_embeddings", 4096),
+        tie_word_embeddings=reader.bool("tie_word_embeddings", False),
+        attention_bias=reader.bool("attention_bias", False),
+        eos_token_ids=reader.token_ids("eos_token_id"),
+        routing=sigmoid_routing_from_hf(reader),
+        mtp_layers=reader.int("num_nextn_predict_layers", 0, minimum=0))
+
+
+def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
+                     source: str) -> DeepseekV3Config:
+    raise ConfigError(f"{source}: GGUF files of the deepseek_v3 family are not supported; "
+                      "load its safetensors checkpoint")
+
+
+def decoder_layer(be: Any, reader: TensorReader, prefix: str, c: DeepseekV3Config,
+                  index: int, kv_slot: int, rope: Any) -> Layer:
+    """Layer `index` of the checkpoint (its MLP dense below first_k_dense_replace), stored
+    under `prefix`, its cache in `kv_slot`."""
+    hidden = c.hidden_size
+    attention = load_latent_attention(
+        be, reader, prefix + "self_attn.", hidden=hidden, heads=c.num_heads,
+        q_rank=c.q_lora_rank, latent_dim=c.kv_lora_rank, nope_dim=c.qk_nope_head_dim,
+        rope_dim=c.qk_rope_head_dim, value_dim=c.v_head_dim, kv_slot=kv_slot,
+        eps=c.rms_norm_eps, rope=rope, interleaved=c.rope_interleave, bias=c.attention_bias,
+        scale=yarn_score_scale(c.yarn, (c.qk_nope_head_dim + c.qk_rope_head_dim) ** -0.5))
+    if index < c.routing.first_dense:
+        mlp: Any = dense_mlp(be, reader, prefix + "mlp.", hidden, c.intermediate_size)
+    else:
+        mlp = load_sigmoid_moe(be, reader, prefix + "mlp.", hidden, c.routing)
+    return Layer(norm_vector(be, reader, prefix + "input_layernorm.weight", hidden), attention,
+                 norm_vector(be, reader, prefix + "post_attention_layernorm.weight", hidden),
+                 mlp)
+
+
+def build(config: DeepseekV3Config, tensors: Mapping[str, Any], backend: Any,
+          max_context: int | None = None) -> LatentDecoderModel:
+    c, be = config, backend
+    reader = TensorReader(tensors, c.source)
+    hidden = c.hidden_size
+    rope = yarn_rope(c.qk_rope_head_dim, c.rope_theta, c.yarn)
+    layers = [decoder_layer(be, reader, f"model.layers.{i}.", c, i, i, rope)
+              for i in range(c.num_layers)]
+    embedding = reader.array("model.embed_tokens.weight", (c.vocab_size, hidden))
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    output = reader.get(head, (c.vocab_size, hidden))
+    trunk_head = be.matrix(output)
+    limit = min(max_context or c.max_position_embeddings, c.max_position_embeddings)
+    trunk = Trunk(
+        model_type="deepseek_v3", source=c.source, vocab_size=c.vocab_size,
+        max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
+        eps=c.rms_norm_eps, hidden_size=hidden, embedding=embedding,
+        final_norm=norm_vector(be, reader, "model.norm.weight", hidden),
+        lm_head=trunk_head, layers=layers, kv_layers=c.num_layers, num_kv_heads=1,
+        head_dim=c.cache_width, digest=reader.digest, output_table=lambda: output, config=c,
+        mtp=mtp_head(be, reader, c, embedding, trunk_head, rope, limit))
+    return LatentDecoderModel(trunk, be, max_context)
+
+
+def mtp_head(be: Any, reader: TensorReader, c: DeepseekV3Config, embedding: Any,
+             lm_head: Any, rope: Any, max_context: int) -> Any:
+    """The checkpoint's first MTP layer (layer num_layers), or None if it ships none."""
+    prefix = f"model.layers.{c.num_layers}."
+    if not c.mtp_layers or not reader.has(prefix + "eh_proj.weight"):
+        return None
+    layer = decoder_layer(be, reader, prefix, c, c.num_layers, 0, rope)
+    return latent_mtp_head(be, reader, prefix, layer, embedding, lm_head, hidden=c.hidden_size,
+                           vocab_size=c.vocab_size, eps=c.rms_norm_eps,
+                           cache_width=c.cache_width, max_context=max_context)
+
+
+FAMILY = Family(
+    name="deepseek_v3",
+    model_types=("deepseek_v3",),
+    gguf_architectures=(),
+    config_from_hf=config_from_hf,
+    config_from_gguf=config_from_gguf,
+    hf_tensors=lambda config, tensors: tensors,
+    gguf_tensors=lambda config, tensors, source: tensors,
+    build=build,
+)

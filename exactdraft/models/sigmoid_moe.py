@@ -88,3 +88,4 @@ def stored_sigmoid_experts(be: Any, reader: TensorReader, prefix: str, hidden: i
     loader)."""
     return load_experts(be, reader, prefix + "experts.", count, hidden, routing.expert_size,
                         GATED)
+

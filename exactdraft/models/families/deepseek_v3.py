@@ -10,9 +10,9 @@ mscale(factor, mscale_all_dim)^2); the first `first_k_dense_replace` layers have
 and the rest sigmoid_moe.py's experts. The cache holds per token and layer the latent and the
 rope key (kv_lora_rank + qk_rope_head_dim values), not per-head keys and values.
 
-The `num_nextn_predict_layers` layers stored after the trunk (`model.layers.{L + j}.`, with
-enorm, hnorm, eh_proj and shared_head.norm / shared_head.head beside the layer's own tensors)
-become the MTPHead drafting for it (mtp_head.py), run as the trunk's layers are.
+The first of the `num_nextn_predict_layers` layers stored after the trunk (`model.layers.{L}.`,
+with enorm, hnorm, eh_proj and shared_head.norm / shared_head.head beside the layer's own
+tensors) becomes the MTPHead drafting for it (nextn_head.py), run as the trunk's layers are.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ from typing import Any
 
 from exactdraft.errors import ConfigError
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
-from exactdraft.models.decoder import Trunk
 from exactdraft.models.families.registry import Family
 from exactdraft.models.latent_attention import LatentDecoderModel, load_latent_attention
-from exactdraft.models.latent_mtp import latent_mtp_head
 from exactdraft.models.layer import Layer
-from exactdraft.models.mixers import dense_mlp, norm_vector
-from exactdraft.models.sigmoid_moe import SigmoidRouting, load_sigmoid_moe, sigmoid_routing_from_hf
+from exactdraft.models.routed_decoder import routed_layer, routed_trunk
+from exactdraft.models.sigmoid_moe import SigmoidRouting, sigmoid_routing_from_hf
 from exactdraft.models.tensors import TensorReader
 from exactdraft.models.yarn import YarnScaling, yarn_from_hf, yarn_rope, yarn_score_scale
 
@@ -107,49 +105,21 @@ def decoder_layer(be: Any, reader: TensorReader, prefix: str, c: DeepseekV3Confi
         rope_dim=c.qk_rope_head_dim, value_dim=c.v_head_dim, kv_slot=kv_slot,
         eps=c.rms_norm_eps, rope=rope, interleaved=c.rope_interleave, bias=c.attention_bias,
         scale=yarn_score_scale(c.yarn, (c.qk_nope_head_dim + c.qk_rope_head_dim) ** -0.5))
-    if index < c.routing.first_dense:
-        mlp: Any = dense_mlp(be, reader, prefix + "mlp.", hidden, c.intermediate_size)
-    else:
-        mlp = load_sigmoid_moe(be, reader, prefix + "mlp.", hidden, c.routing)
-    return Layer(norm_vector(be, reader, prefix + "input_layernorm.weight", hidden), attention,
-                 norm_vector(be, reader, prefix + "post_attention_layernorm.weight", hidden),
-                 mlp)
+    return routed_layer(be, reader, prefix, index, attention, hidden=hidden,
+                        dense_size=c.intermediate_size, routing=c.routing)
 
 
 def build(config: DeepseekV3Config, tensors: Mapping[str, Any], backend: Any,
           max_context: int | None = None) -> LatentDecoderModel:
     c, be = config, backend
     reader = TensorReader(tensors, c.source)
-    hidden = c.hidden_size
     rope = yarn_rope(c.qk_rope_head_dim, c.rope_theta, c.yarn)
-    layers = [decoder_layer(be, reader, f"model.layers.{i}.", c, i, i, rope)
-              for i in range(c.num_layers)]
-    embedding = reader.array("model.embed_tokens.weight", (c.vocab_size, hidden))
-    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    output = reader.get(head, (c.vocab_size, hidden))
-    trunk_head = be.matrix(output)
-    limit = min(max_context or c.max_position_embeddings, c.max_position_embeddings)
-    trunk = Trunk(
-        model_type="deepseek_v3", source=c.source, vocab_size=c.vocab_size,
-        max_position_embeddings=c.max_position_embeddings, eos_token_ids=c.eos_token_ids,
-        eps=c.rms_norm_eps, hidden_size=hidden, embedding=embedding,
-        final_norm=norm_vector(be, reader, "model.norm.weight", hidden),
-        lm_head=trunk_head, layers=layers, kv_layers=c.num_layers, num_kv_heads=1,
-        head_dim=c.cache_width, digest=reader.digest, output_table=lambda: output, config=c,
-        mtp=mtp_head(be, reader, c, embedding, trunk_head, rope, limit))
+    trunk = routed_trunk(
+        be, reader, c, lambda prefix, index, slot: decoder_layer(be, reader, prefix, c, index,
+                                                                 slot, rope),
+        model_type="deepseek_v3", num_kv_heads=1, head_dim=c.cache_width,
+        max_context=max_context, latent=True)
     return LatentDecoderModel(trunk, be, max_context)
-
-
-def mtp_head(be: Any, reader: TensorReader, c: DeepseekV3Config, embedding: Any,
-             lm_head: Any, rope: Any, max_context: int) -> Any:
-    """The checkpoint's first MTP layer (layer num_layers), or None if it ships none."""
-    prefix = f"model.layers.{c.num_layers}."
-    if not c.mtp_layers or not reader.has(prefix + "eh_proj.weight"):
-        return None
-    layer = decoder_layer(be, reader, prefix, c, c.num_layers, 0, rope)
-    return latent_mtp_head(be, reader, prefix, layer, embedding, lm_head, hidden=c.hidden_size,
-                           vocab_size=c.vocab_size, eps=c.rms_norm_eps,
-                           cache_width=c.cache_width, max_context=max_context)
 
 
 FAMILY = Family(

@@ -28,11 +28,12 @@ DEEPSEEK_V3 = dict(
                      "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
 
 
-def build_checkpoint(folder: str, **overrides) -> str:
+def build_checkpoint(folder: str, settings: dict) -> str:
+    """A tiny random checkpoint of `settings`, its router correction biases set."""
     from tests.conftest import build_tiny_checkpoint
     from tests.hybrid_checkpoints import edit_tensors
 
-    build_tiny_checkpoint(folder, "llama", **{**DEEPSEEK_V3, **overrides})
+    build_tiny_checkpoint(folder, "llama", **settings)
     # transformers leaves the correction bias at zero: give it values that change the choice.
     edit_tensors(folder, lambda t: t.update({
         name: np.linspace(-0.2, 0.2, t[name].shape[0], dtype=np.float32)[::-1].copy()
@@ -42,7 +43,7 @@ def build_checkpoint(folder: str, **overrides) -> str:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    return build_checkpoint(str(tmp_path_factory.mktemp("deepseek_v3")))
+    return build_checkpoint(str(tmp_path_factory.mktemp("deepseek_v3")), DEEPSEEK_V3)
 
 
 def load(folder: str):
@@ -84,6 +85,10 @@ def test_the_cache_holds_latents_and_rope_keys_only(target):
 
 
 def test_verify_window_and_chunked_prefill_are_bitwise(target):
+    assert_passes_are_bitwise(target)
+
+
+def assert_passes_are_bitwise(target) -> None:
     """Every row of a W-row pass has the bytes of its one-row step, and a prompt fed in chunks
     leaves the rows and the cache of one pass."""
     tokens = probe_tokens(30, target.vocab_size, salt=1) + probe_tokens(9, 128, salt=2)
@@ -105,11 +110,12 @@ def test_verify_window_and_chunked_prefill_are_bitwise(target):
     assert check_row_invariance(target, 9) is None
 
 
-def oracle_check(target, guard: bool) -> ExactnessCheck:
+def oracle_check(target, guard: bool, seeds: int = 3) -> ExactnessCheck:
+    """Drafted against serial at T=0.8: oracle drafts, some of them wrong, at depth 4."""
     check = ExactnessCheck()
     serial = xd.Generator(target)
     prompt = [5, 6, 7, 8, 9, 5, 6, 7]
-    for seed in range(3):
+    for seed in range(seeds):
         params = xd.SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
         expected = serial.generate(prompt, 24, params)
         generator = xd.Generator(target, OracleDrafter(expected.tokens, 4, 0.3, seed),
@@ -176,4 +182,4 @@ def test_negative_control_expanding_in_passes_is_caught(checkpoint):
     rows = target.forward(state, window, rows="all")
     assert rows.tobytes() != singles.tobytes()
     assert relative_error(rows, singles) < 2e-5  # the same values: only the bits differ
-    oracle_check(target, False).assert_caught()
+    oracle_check(target, False, seeds=1).assert_caught()

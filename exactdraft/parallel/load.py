@@ -113,7 +113,9 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = build_split_model(checkpoint, wrapped, max_context)
-        if type(model) not in (DecoderModel, HeadSplitDecoderModel) or model.mtp is not None:
+        # A DecoderModel or a subclass that only changes its states' cache (a latent
+        # attention model's LatentCache): every pass runs DecoderModel's code.
+        if not isinstance(model, (DecoderModel, HeadSplitDecoderModel)) or model.mtp is not None:
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")
     except BaseException:

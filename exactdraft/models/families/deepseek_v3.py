@@ -27,7 +27,12 @@ from exactdraft.models.families.registry import Family
 from exactdraft.models.latent_attention import LatentDecoderModel, load_latent_attention
 from exactdraft.models.layer import Layer
 from exactdraft.models.routed_decoder import routed_layer, routed_trunk
-from exactdraft.models.sigmoid_moe import SigmoidRouting, sigmoid_routing_from_hf
+from exactdraft.models.sigmoid_moe import (
+    SigmoidRouting,
+    sigmoid_routing_from_hf,
+    stored_sigmoid_experts,
+)
+from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 from exactdraft.models.yarn import YarnScaling, yarn_from_hf, yarn_rope, yarn_score_scale
 
@@ -122,6 +127,13 @@ def build(config: DeepseekV3Config, tensors: Mapping[str, Any], backend: Any,
     return LatentDecoderModel(trunk, be, max_context)
 
 
+def stored_experts(be: Any, reader: TensorReader, c: DeepseekV3Config, index: int,
+                   count: int) -> list[Any]:
+    """Layer `index`'s first `count` routed experts as stored (a tensor-parallel rank's)."""
+    return stored_sigmoid_experts(be, reader, f"model.layers.{index}.mlp.", c.hidden_size,
+                                  c.routing, count)
+
+
 FAMILY = Family(
     name="deepseek_v3",
     model_types=("deepseek_v3",),
@@ -131,4 +143,5 @@ FAMILY = Family(
     hf_tensors=lambda config, tensors: tensors,
     gguf_tensors=lambda config, tensors, source: tensors,
     build=build,
+    tensor_parallel=lambda config: TensorParallelSplit(experts=stored_experts),
 )

@@ -28,7 +28,12 @@ from exactdraft.models.families.registry import Family
 from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import load_attention, rotary_frequencies
 from exactdraft.models.routed_decoder import routed_layer, routed_trunk
-from exactdraft.models.sigmoid_moe import SigmoidRouting, sigmoid_routing_from_hf
+from exactdraft.models.sigmoid_moe import (
+    SigmoidRouting,
+    sigmoid_routing_from_hf,
+    stored_sigmoid_experts,
+)
+from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 
 
@@ -130,6 +135,13 @@ def build(config: Glm4MoeConfig, tensors: Mapping[str, Any], backend: Any,
     return DecoderModel(trunk, be, max_context)
 
 
+def stored_experts(be: Any, reader: TensorReader, c: Glm4MoeConfig, index: int,
+                   count: int) -> list[Any]:
+    """Layer `index`'s first `count` routed experts as stored (a tensor-parallel rank's)."""
+    return stored_sigmoid_experts(be, reader, f"model.layers.{index}.mlp.", c.hidden_size,
+                                  c.routing, count)
+
+
 FAMILY = Family(
     name="glm4_moe",
     model_types=("glm4_moe",),
@@ -139,4 +151,5 @@ FAMILY = Family(
     hf_tensors=lambda config, tensors: tensors,
     gguf_tensors=lambda config, tensors, source: tensors,
     build=build,
+    tensor_parallel=lambda config: TensorParallelSplit(experts=stored_experts),
 )

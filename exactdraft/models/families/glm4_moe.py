@@ -12,6 +12,10 @@ MLP and the rest DeepSeek-V3's routing and experts (sigmoid_moe.py).
 The first of the `num_nextn_predict_layers` layers stored after the trunk (`model.layers.{L}.`,
 with enorm, hnorm, eh_proj and shared_head beside the layer's own tensors) becomes the MTPHead
 drafting for it (nextn_head.py).
+
+GGUF files: llama.cpp's `glm4moe` architecture (its rope is rotate-half, so q and k rows are
+stored as Hugging Face has them); experts come stacked (`ffn_gate_exps` [E, I, H], ...) and
+are sliced one per expert; the MTP layer's tensors are `blk.{L}.nextn.*` beside its layer's.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exactdraft.errors import ConfigError
+from exactdraft.models import gguf_names
 from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.config import ConfigReader, rope_theta_from_hf
 from exactdraft.models.decoder import DecoderModel, HeadShape
@@ -103,8 +107,68 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> Glm4MoeConfig:
 
 def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
                      source: str) -> Glm4MoeConfig:
-    raise ConfigError(f"{source}: GGUF files of the glm4_moe family are not supported; load "
-                      "its safetensors checkpoint")
+    """llama.cpp's glm4moe metadata: block_count counts the MTP layers stored after the trunk
+    (nextn_predict_layers); the rope covers rope.dimension_count dimensions of each head."""
+    reader = gguf_names.gguf_reader(fields, tensors, source, "glm4moe")
+    hidden = reader.int("embedding_length")
+    heads = reader.int("attention.head_count")
+    mtp = reader.int("nextn_predict_layers", 0, minimum=0)
+    layers = reader.int("block_count", minimum=mtp + 1) - mtp
+    head_dim = gguf_names.gguf_head_dim(reader, hidden, heads)
+    rotary = reader.int("rope.dimension_count", head_dim)
+    if rotary > head_dim or rotary % 2:
+        raise reader.fail("rope.dimension_count", f"({rotary}) is not an even size within "
+                          f"head_dim {head_dim}")
+    if reader.int("expert_gating_func", 2) != 2:
+        raise reader.fail("expert_gating_func", "is not sigmoid (2), which is not supported")
+    experts = reader.int("expert_count")
+    routing = SigmoidRouting(
+        num_experts=experts, top_k=reader.int("expert_used_count"),
+        expert_size=reader.int("expert_feed_forward_length"),
+        shared_experts=reader.int("expert_shared_count", 0, minimum=0),
+        normalize=reader.bool("expert_weights_norm", True),
+        scale=reader.float("expert_weights_scale", 1.0),
+        groups=reader.int("expert_group_count", 1),
+        top_groups=reader.int("expert_group_used_count", 1),
+        first_dense=reader.int("leading_dense_block_count", 0, minimum=0))
+    if routing.top_k > experts:
+        raise reader.fail("expert_used_count", f"({routing.top_k}) exceeds the {experts} "
+                          "experts")
+    return Glm4MoeConfig(
+        source=source, vocab_size=int(tensors.shape("token_embd.weight")[0]),
+        hidden_size=hidden, intermediate_size=reader.int("feed_forward_length"),
+        num_layers=layers, num_heads=heads,
+        num_kv_heads=reader.int("attention.head_count_kv", heads), head_dim=head_dim,
+        rotary_dim=rotary, rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=reader.float("rope.freq_base", 10000.0),
+        max_position_embeddings=reader.int("context_length", 131072),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        eos_token_ids=gguf_names.gguf_special_tokens(fields, source)["eos_token_ids"],
+        routing=routing, mtp_layers=mtp)
+
+
+# llama.cpp's names of the parts GLM-4.5 adds to the shared attention and MLP ones.
+GGUF_PARTS = {
+    **gguf_names.GGUF_ATTENTION, **gguf_names.GGUF_MLP,
+    "post_attention_norm.weight": gguf_names.Part("post_attention_layernorm.weight"),
+    "exp_probs_b.bias": gguf_names.Part("mlp.gate.e_score_correction_bias"),
+    **{f"ffn_{kind}_shexp.weight": gguf_names.Part(f"mlp.shared_experts.{kind}_proj"
+                                                   ".weight") for kind in ("gate", "up", "down")},
+    **{f"nextn.{gguf}.weight": gguf_names.Part(f"{hf}.weight") for gguf, hf in (
+        ("eh_proj", "eh_proj"), ("enorm", "enorm"), ("hnorm", "hnorm"),
+        ("shared_head_norm", "shared_head.norm"), ("shared_head_head", "shared_head.head"),
+        ("embed_tokens", "embed_tokens"))},  # the MTP layer's own copy, not read
+}
+
+
+def gguf_tensors(config: Glm4MoeConfig, tensors: Mapping[str, Any],
+                 source: str) -> gguf_names.GGUFRenamed:
+    names = {"token_embd.weight": "model.embed_tokens.weight",
+             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+    return gguf_names.GGUFRenamed(tensors, source, names, GGUF_PARTS,
+                                  lambda i: f"model.layers.{i}.")
 
 
 def decoder_layer(be: Any, reader: TensorReader, prefix: str, c: Glm4MoeConfig, index: int,
@@ -145,11 +209,11 @@ def stored_experts(be: Any, reader: TensorReader, c: Glm4MoeConfig, index: int,
 FAMILY = Family(
     name="glm4_moe",
     model_types=("glm4_moe",),
-    gguf_architectures=(),
+    gguf_architectures=("glm4moe",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=lambda config, tensors, source: tensors,
+    gguf_tensors=gguf_tensors,
     build=build,
     tensor_parallel=lambda config: TensorParallelSplit(experts=stored_experts),
 )

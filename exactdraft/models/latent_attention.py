@@ -135,8 +135,9 @@ def load_latent_attention(be: Backend, reader: TensorReader, prefix: str, *, hid
                           rope_dim: int, value_dim: int, kv_slot: int, eps: float, scale: float,
                           rope: RopeTable, interleaved: bool, bias: bool) -> LatentAttention:
     """A LatentAttention from `prefix` + q_a_proj, q_a_layernorm, q_b_proj (or q_proj),
-    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj (+ the biases of q_a_proj,
-    kv_a_proj_with_mqa and o_proj where `bias`)."""
+    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj (or its two halves as llama.cpp splits
+    them: k_b_proj, each head's W_uk^T [latent, nope] stacked, and v_b_proj), o_proj (+ the
+    biases of q_a_proj, kv_a_proj_with_mqa and o_proj where `bias`)."""
     head_rows = nope_dim + rope_dim
     order = interleaved_to_half(rope_dim) if interleaved else np.arange(rope_dim)
     kv_down = reader.array(f"{prefix}kv_a_proj_with_mqa.weight", (latent_dim + rope_dim, hidden))
@@ -152,12 +153,19 @@ def load_latent_attention(be: Backend, reader: TensorReader, prefix: str, *, hid
         down_parts.insert(0, reader.get(f"{prefix}q_a_proj.weight", (q_rank, hidden)))
         if bias:
             biases.insert(0, reader.array(f"{prefix}q_a_proj.bias", (q_rank,)))
-    up = reader.array(f"{prefix}kv_b_proj.weight",
-                      (heads * (nope_dim + value_dim), latent_dim)).reshape(heads, -1, latent_dim)
+    if reader.has(f"{prefix}kv_b_proj.weight"):
+        up = reader.array(f"{prefix}kv_b_proj.weight", (heads * (nope_dim + value_dim),
+                                                        latent_dim)).reshape(heads, -1, latent_dim)
+        key_up, value_up = up[:, :nope_dim].transpose(0, 2, 1), up[:, nope_dim:]
+    else:  # llama.cpp's split: k_b_proj [heads, latent, nope] (transposed), v_b_proj
+        key_up = reader.array(f"{prefix}k_b_proj.weight", (heads * latent_dim, nope_dim))
+        key_up = key_up.reshape(heads, latent_dim, nope_dim)
+        value_up = reader.array(f"{prefix}v_b_proj.weight", (heads * value_dim, latent_dim))
+        value_up = value_up.reshape(heads, value_dim, latent_dim)
     return LatentAttention(
         down=be.matrix(stack_rows(down_parts)), q_up=be.matrix(np.ascontiguousarray(q_up)),
-        key_absorb=[be.matrix(np.ascontiguousarray(up[h, :nope_dim].T)) for h in range(heads)],
-        value_up=[be.matrix(np.ascontiguousarray(up[h, nope_dim:])) for h in range(heads)],
+        key_absorb=[be.matrix(np.ascontiguousarray(key_up[h])) for h in range(heads)],
+        value_up=[be.matrix(np.ascontiguousarray(value_up[h])) for h in range(heads)],
         output=be.matrix(reader.get(f"{prefix}o_proj.weight", (hidden, heads * value_dim))),
         kv_norm=be.vector(reader.array(f"{prefix}kv_a_layernorm.weight", (latent_dim,))),
         q_norm=be.vector(reader.array(f"{prefix}q_a_layernorm.weight", (q_rank,)))

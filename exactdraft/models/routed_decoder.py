@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exactdraft.models.decoder import HeadShape, Trunk
+from exactdraft.models.gguf_names import GGUF_MLP, Part
 from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import dense_mlp, norm_vector
 from exactdraft.models.nextn_head import nextn_head
@@ -61,3 +62,19 @@ def routed_trunk(be: Any, reader: TensorReader, c: Any, layer: Callable[[str, in
         layers=layers, kv_layers=c.num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
         digest=reader.digest, output_table=lambda: output, config=c, mtp=mtp,
         head_shape=head_shape)
+
+
+# llama.cpp's names of the feed-forward and MTP parts both families store alike (the part after
+# `blk.N.` -> the name under `model.layers.N.`).
+ROUTED_GGUF_PARTS = {
+    **GGUF_MLP,
+    "exp_probs_b.bias": Part("mlp.gate.e_score_correction_bias"),
+    **{f"ffn_{kind}_shexp.weight": Part(f"mlp.shared_experts.{kind}_proj.weight")
+       for kind in ("gate", "up", "down")},
+    **{f"nextn.{gguf}.weight": Part(f"{hf}.weight") for gguf, hf in (
+        ("eh_proj", "eh_proj"), ("enorm", "enorm"), ("hnorm", "hnorm"),
+        ("shared_head_norm", "shared_head.norm"), ("shared_head_head", "shared_head.head"),
+        ("embed_tokens", "embed_tokens"))},  # the MTP layer's own copy, not read
+}
+GGUF_GLOBALS = {"token_embd.weight": "model.embed_tokens.weight",
+                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}

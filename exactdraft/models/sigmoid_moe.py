@@ -62,6 +62,32 @@ def sigmoid_routing_from_hf(reader: ConfigReader) -> SigmoidRouting:
         top_groups=top_groups, first_dense=reader.int("first_k_dense_replace", 0, minimum=0))
 
 
+def sigmoid_routing_from_gguf(reader: ConfigReader, gating: int, normalize: bool
+                              ) -> SigmoidRouting:
+    """llama.cpp's expert_* metadata (a reader of the architecture's keys); `gating` and
+    `normalize` stand for expert_gating_func and expert_weights_norm where the file has
+    none (its converters write them per family). Only sigmoid gating (2) is read."""
+    if reader.int("expert_gating_func", gating) != 2:
+        raise reader.fail("expert_gating_func", "is not sigmoid (2); softmax-routed files are "
+                          "not supported")
+    experts = reader.int("expert_count")
+    routing = SigmoidRouting(
+        num_experts=experts, top_k=reader.int("expert_used_count"),
+        expert_size=reader.int("expert_feed_forward_length"),
+        shared_experts=reader.int("expert_shared_count", 0, minimum=0),
+        normalize=reader.bool("expert_weights_norm", normalize),
+        scale=reader.float("expert_weights_scale", 1.0),
+        groups=reader.int("expert_group_count", 1),
+        top_groups=reader.int("expert_group_used_count", 1),
+        first_dense=reader.int("leading_dense_block_count", 0, minimum=0))
+    r = routing
+    if r.top_k > experts or experts % r.groups or r.top_groups > r.groups:
+        raise reader.fail("expert_used_count", f"({r.top_k}), expert_group_count ({r.groups}) "
+                          f"or expert_group_used_count ({r.top_groups}) does not fit the "
+                          f"{experts} experts")
+    return routing
+
+
 GATED = ("gate_proj", "up_proj", "down_proj")
 
 

@@ -65,6 +65,25 @@ def yarn_from_hf(reader: ConfigReader) -> YarnScaling | None:
                        truncate=scaling.bool("truncate", True), **optional)
 
 
+def yarn_from_gguf(reader: ConfigReader) -> YarnScaling | None:
+    """llama.cpp's rope.scaling.* metadata (a reader of the architecture's keys): type yarn,
+    factor, original_context_length, yarn_beta_fast/slow, and yarn_log_multiplier, which its
+    DeepSeek converter writes as 0.1 * mscale_all_dim; cos and sin then carry no factor
+    (llama.cpp's mscale and mscale_all_dim are one)."""
+    kind = reader.value("rope.scaling.type", None)
+    if kind in (None, "none"):
+        return None
+    if kind != "yarn":
+        raise reader.fail("rope.scaling.type", f"{kind!r} is not supported; supported: yarn")
+    multiplier = reader.float("rope.scaling.yarn_log_multiplier", 0.0, positive=False)
+    return YarnScaling(
+        factor=reader.float("rope.scaling.factor"),
+        original_max_position_embeddings=reader.int("rope.scaling.original_context_length"),
+        beta_fast=reader.float("rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=reader.float("rope.scaling.yarn_beta_slow", 1.0),
+        mscale_all_dim=multiplier / 0.1 if multiplier else None, attention_factor=1.0)
+
+
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 

@@ -41,6 +41,20 @@ def glm_rename(name: str) -> str:
     return layer_rename(name, GLM_PARTS)
 
 
+def routed_metadata(writer, config: dict, gating: int = 2) -> None:
+    """The expert_* fields both families' converters write (gating 2: sigmoid)."""
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    writer.add_expert_count(config["n_routed_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_weights_scale(config["routed_scaling_factor"])
+    writer.add_expert_weights_norm(config["norm_topk_prob"])
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType(gating))
+    writer.add_expert_group_count(config["n_group"])
+    writer.add_expert_group_used_count(config["topk_group"])
+
+
 def convert_glm4_moe(folder: str, path: str, drop: tuple[str, ...] = ()) -> str:
     config, state = read_folder(folder)
     head_dim = config["head_dim"]
@@ -51,16 +65,7 @@ def convert_glm4_moe(folder: str, path: str, drop: tuple[str, ...] = ()) -> str:
         writer.add_rope_dimension_count(int(head_dim * config["rope_parameters"]
                                             ["partial_rotary_factor"]))
         writer.add_feed_forward_length(config["intermediate_size"])
-        writer.add_leading_dense_block_count(config["first_k_dense_replace"])
-        writer.add_expert_count(config["n_routed_experts"])
-        writer.add_expert_used_count(config["num_experts_per_tok"])
-        writer.add_expert_shared_count(config["n_shared_experts"])
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
-        writer.add_expert_weights_scale(config["routed_scaling_factor"])
-        writer.add_expert_weights_norm(config["norm_topk_prob"])
-        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        writer.add_expert_group_count(config["n_group"])
-        writer.add_expert_group_used_count(config["topk_group"])
+        routed_metadata(writer, config)
 
     return write_file(path, "glm4moe", metadata, stack_experts(state, glm_rename), False,
                       drop=drop)

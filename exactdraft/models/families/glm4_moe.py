@@ -31,9 +31,15 @@ from exactdraft.models.decoder import DecoderModel, HeadShape
 from exactdraft.models.families.registry import Family
 from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import load_attention, rotary_frequencies
-from exactdraft.models.routed_decoder import routed_layer, routed_trunk
+from exactdraft.models.routed_decoder import (
+    GGUF_GLOBALS,
+    ROUTED_GGUF_PARTS,
+    routed_layer,
+    routed_trunk,
+)
 from exactdraft.models.sigmoid_moe import (
     SigmoidRouting,
+    sigmoid_routing_from_gguf,
     sigmoid_routing_from_hf,
     stored_sigmoid_experts,
 )
@@ -119,21 +125,7 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
     if rotary > head_dim or rotary % 2:
         raise reader.fail("rope.dimension_count", f"({rotary}) is not an even size within "
                           f"head_dim {head_dim}")
-    if reader.int("expert_gating_func", 2) != 2:
-        raise reader.fail("expert_gating_func", "is not sigmoid (2), which is not supported")
-    experts = reader.int("expert_count")
-    routing = SigmoidRouting(
-        num_experts=experts, top_k=reader.int("expert_used_count"),
-        expert_size=reader.int("expert_feed_forward_length"),
-        shared_experts=reader.int("expert_shared_count", 0, minimum=0),
-        normalize=reader.bool("expert_weights_norm", True),
-        scale=reader.float("expert_weights_scale", 1.0),
-        groups=reader.int("expert_group_count", 1),
-        top_groups=reader.int("expert_group_used_count", 1),
-        first_dense=reader.int("leading_dense_block_count", 0, minimum=0))
-    if routing.top_k > experts:
-        raise reader.fail("expert_used_count", f"({routing.top_k}) exceeds the {experts} "
-                          "experts")
+    routing = sigmoid_routing_from_gguf(reader, gating=2, normalize=True)
     return Glm4MoeConfig(
         source=source, vocab_size=int(tensors.shape("token_embd.weight")[0]),
         hidden_size=hidden, intermediate_size=reader.int("feed_forward_length"),
@@ -149,25 +141,13 @@ def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
         routing=routing, mtp_layers=mtp)
 
 
-# llama.cpp's names of the parts GLM-4.5 adds to the shared attention and MLP ones.
-GGUF_PARTS = {
-    **gguf_names.GGUF_ATTENTION, **gguf_names.GGUF_MLP,
-    "post_attention_norm.weight": gguf_names.Part("post_attention_layernorm.weight"),
-    "exp_probs_b.bias": gguf_names.Part("mlp.gate.e_score_correction_bias"),
-    **{f"ffn_{kind}_shexp.weight": gguf_names.Part(f"mlp.shared_experts.{kind}_proj"
-                                                   ".weight") for kind in ("gate", "up", "down")},
-    **{f"nextn.{gguf}.weight": gguf_names.Part(f"{hf}.weight") for gguf, hf in (
-        ("eh_proj", "eh_proj"), ("enorm", "enorm"), ("hnorm", "hnorm"),
-        ("shared_head_norm", "shared_head.norm"), ("shared_head_head", "shared_head.head"),
-        ("embed_tokens", "embed_tokens"))},  # the MTP layer's own copy, not read
-}
+GGUF_PARTS = {**gguf_names.GGUF_ATTENTION, **ROUTED_GGUF_PARTS,
+              "post_attention_norm.weight": gguf_names.Part("post_attention_layernorm.weight")}
 
 
 def gguf_tensors(config: Glm4MoeConfig, tensors: Mapping[str, Any],
                  source: str) -> gguf_names.GGUFRenamed:
-    names = {"token_embd.weight": "model.embed_tokens.weight",
-             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-    return gguf_names.GGUFRenamed(tensors, source, names, GGUF_PARTS,
+    return gguf_names.GGUFRenamed(tensors, source, GGUF_GLOBALS, GGUF_PARTS,
                                   lambda i: f"model.layers.{i}.")
 
 

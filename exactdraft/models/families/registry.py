@@ -63,6 +63,7 @@ _BUILTIN_MODULES = {
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
     "deepseek_v3": "exactdraft.models.families.deepseek_v3",
+    "deepseek2": "exactdraft.models.families.deepseek_v3",
     "glm4_moe": "exactdraft.models.families.glm4_moe",
     "glm4moe": "exactdraft.models.families.glm4_moe",
 }

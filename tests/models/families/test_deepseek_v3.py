@@ -63,6 +63,40 @@ def test_logits_match_transformers(checkpoint, target):
     assert relative_error(ours, hf_logits(checkpoint, tuple(tokens))) < 2e-5
 
 
+@pytest.mark.slow
+def test_logits_match_transformers_without_q_lora_with_biases_and_half_rope(tmp_path):
+    """The other layouts a config may choose: q_proj directly (no q_lora_rank), biases on the
+    down projections and o_proj, rope pairs in rotate-half order."""
+    folder = build_checkpoint(str(tmp_path / "variant"), {
+        **DEEPSEEK_V3, "q_lora_rank": None, "attention_bias": True, "rope_interleave": False})
+    target = load(folder)
+    assert target.config.q_lora_rank == 0 and not target.config.rope_interleave
+    tokens = probe_tokens(40, target.vocab_size, salt=3)
+    ours = target.forward(target.new_state(), tokens, rows="all")
+    assert relative_error(ours, hf_logits(folder, tuple(tokens))) < 2e-5
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters"),
+    ({"n_group": 3}, "n_group"),
+    ({"topk_group": 5}, "topk_group"),
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+    ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+])
+def test_a_bad_config_is_refused_by_name(checkpoint, change, named):
+    import json
+
+    from exactdraft.errors import ConfigError
+    from exactdraft.models.families.deepseek_v3 import config_from_hf
+
+    with open(f"{checkpoint}/config.json") as handle:
+        raw = json.load(handle)
+    config_from_hf(raw, "config.json")  # the control: as stored, it is read
+    with pytest.raises(ConfigError, match=f"config.json: .*{named}"):
+        config_from_hf({**raw, **change}, "config.json")
+
+
 def test_the_config_is_read_as_stored(target):
     c = target.config
     assert (c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.rope_interleave) == (5, 24, 20, True)

@@ -123,8 +123,9 @@ def test_verify_window_and_chunked_prefill_are_bitwise(target):
 
 
 def assert_passes_are_bitwise(target) -> None:
-    """Every row of a W-row pass has the bytes of its one-row step, and a prompt fed in chunks
-    leaves the rows and the cache of one pass."""
+    """Every row of a W-row pass has the bytes of its one-row step, a prompt fed in chunks
+    leaves the rows and the cache of one pass, and a sequence sharing a pass with others gets
+    the rows it gets alone."""
     tokens = probe_tokens(30, target.vocab_size, salt=1) + probe_tokens(9, 128, salt=2)
     serial = target.new_state()
     steps = [target.forward(serial, [token])[0].tobytes() for token in tokens]
@@ -141,6 +142,11 @@ def assert_passes_are_bitwise(target) -> None:
         assert [row.tobytes() for row in rows] == steps, chunks
         assert [np.asarray(buffer[:, :39]).tobytes() for buffer in state.cache.keys] == \
             [np.asarray(buffer[:, :39]).tobytes() for buffer in serial.cache.keys]
+    # Sequences sharing a pass: each sequence's rows are the ones it gets alone.
+    lists = [tokens[:12], tokens[5:9], tokens[20:39]]
+    shared = target.forward_batch([target.new_state() for _ in lists], lists, rows="all")
+    for rows, alone in zip(shared, lists):
+        assert rows.tobytes() == target.forward(target.new_state(), alone, rows="all").tobytes()
     assert check_row_invariance(target, 9) is None
 
 

@@ -4,7 +4,9 @@ and the checkpoint's first MTP layer as an MTPHead, nextn_head.py).
 
 Invariant: the families differ only in their attention (latent or grouped-query) and config
 mapping; the layers, norms and heads are read under the same Hugging Face names and run through
-the same row invariant parts (layer.py, moe.py), so both keep the decoder's invariants.
+the same row invariant parts (layer.py, moe.py), so both keep the decoder's invariants. Both
+attentions take a token tree's paths (a row attends to its own path's keys) and their caches
+move a kept path's rows, so the trunk declares that trees verify in one pass.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def routed_trunk(be: Any, reader: TensorReader, c: Any, layer: Callable[[str, in
         final_norm=norm_vector(be, reader, "model.norm.weight", hidden), lm_head=lm_head,
         layers=layers, kv_layers=c.num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
         digest=reader.digest, output_table=lambda: output, config=c, mtp=mtp,
-        head_shape=head_shape)
+        head_shape=head_shape, verifies_trees=True)
 
 
 # llama.cpp's names of the feed-forward and MTP parts both families store alike (the part after

@@ -42,6 +42,11 @@ class SigmoidRouting:
 
 
 def sigmoid_routing_from_hf(reader: ConfigReader) -> SigmoidRouting:
+    """The routing of config.json; DeepSeek's own keys `scoring_func` and `topk_method`, where
+    a file has them, must name this routing (sigmoid, noaux_tc)."""
+    for key, wanted in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if reader.value(key, wanted) != wanted:
+            raise reader.fail(key, f"is not supported; supported: {wanted}")
     experts = reader.int("n_routed_experts")
     top_k = reader.int("num_experts_per_tok")
     groups = reader.int("n_group", 1)

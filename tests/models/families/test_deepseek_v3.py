@@ -83,6 +83,8 @@ def test_logits_match_transformers_without_q_lora_with_biases_and_half_rope(tmp_
     ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
     ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
     ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method"),
 ])
 def test_a_bad_config_is_refused_by_name(checkpoint, change, named):
     import json

@@ -199,11 +199,13 @@ def load_attention(be: Backend, reader: TensorReader, prefix: str, *, hidden: in
                    kv_heads: int, head_dim: int, kv_slot: int, eps: float,
                    rope: RopeTable | None, rotary_dim: int | None = None,
                    qk_norm: bool = False, norm_shift: float = 0.0, gated: bool = False,
-                   bias: bool = False, window: int = 0) -> AttentionMixer:
+                   bias: bool = False, window: int = 0,
+                   output_bias: bool | None = None) -> AttentionMixer:
     """An AttentionMixer from `prefix` + q_proj, k_proj, v_proj, o_proj (+ q_norm, k_norm).
     A gated q_proj holds, per head, D query rows then D gate rows (Qwen3-Next's layout);
     with rotary_dim < head_dim the q and k rows (and their norms) are put in
-    rotary_permutation's order."""
+    rotary_permutation's order. `output_bias` (default: `bias`) says whether o_proj has one
+    (GLM-4.5's q, k and v have biases, its o_proj none)."""
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
     q = reader.get(f"{prefix}q_proj.weight", ((2 if gated else 1) * q_rows, hidden))
     k = reader.get(f"{prefix}k_proj.weight", (kv_rows, hidden))
@@ -231,7 +233,9 @@ def load_attention(be: Backend, reader: TensorReader, prefix: str, *, hidden: in
         for i, name in enumerate(("q_norm", "k_norm")):
             weight = reader.array(f"{prefix}{name}.weight", (head_dim,)) + F32(norm_shift)
             norms[i] = be.vector(weight if order is None else weight[order])
-    output_bias = be.vector(reader.array(f"{prefix}o_proj.bias", (hidden,))) if bias else None
+    with_output_bias = bias if output_bias is None else output_bias
+    output_bias = be.vector(reader.array(f"{prefix}o_proj.bias", (hidden,))) \
+        if with_output_bias else None
     return AttentionMixer(
         qkv=be.matrix(stack_rows([q, *([gate] if gated else []), k, v])),
         output=be.matrix(reader.get(f"{prefix}o_proj.weight", (hidden, q_rows))),

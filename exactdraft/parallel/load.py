@@ -113,6 +113,8 @@ def build_parallel_target(checkpoint: Any, backend: Any, tensor_parallel: Any, *
         group.agree("checkpoint and settings",
                     run_fingerprint(checkpoint, backend, settings.world_size, max_context))
         model = build_split_model(checkpoint, wrapped, max_context)
+        # A DecoderModel or a subclass of it (Gemma 4's per-layer inputs, a latent attention
+        # model's LatentCache): the split acts on the layers DecoderModel holds.
         if not isinstance(model, (DecoderModel, HeadSplitDecoderModel)) or model.mtp is not None:
             raise ParameterError(f"tensor parallel cannot split {model!r}")
         group.barrier("loading")

@@ -65,6 +65,10 @@ _BUILTIN_MODULES = {
     "lfm2": "exactdraft.models.families.lfm2",
     "gemma4": "exactdraft.models.families.gemma4",
     "gemma4_text": "exactdraft.models.families.gemma4",
+    "deepseek_v3": "exactdraft.models.families.deepseek_v3",
+    "deepseek2": "exactdraft.models.families.deepseek_v3",
+    "glm4_moe": "exactdraft.models.families.glm4_moe",
+    "glm4moe": "exactdraft.models.families.glm4_moe",
 }
 _REGISTERED: list[Family] = []
 

@@ -74,8 +74,9 @@ struct dot_args {
 #include "dot_k_low.h"
 
 /* q2_k and q3_k's block b (dot_k_low.h): its parameters and each row's exact sums. */
-static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows, const struct dot_args *a,
-                                        ptrdiff_t b, dv *scale, dv *second, vi *isum, vi *isum1)
+static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
+                                          const struct dot_args *a, ptrdiff_t b, dv *scale,
+                                          dv *second, vi *isum, vi *isum1)
 {
     const struct quantized_rows *q = a->q;
     const uint8_t *super = k_low_super_block(a->records, a->record_bytes, b);

@@ -5,7 +5,8 @@ Invariant measured alongside speed: nothing; this only times. The kernel is comp
 torch's `x @ W` in the two forms the torch backend can use: a one-row gemv (fast but not row
 invariant) and the padded form (rows padded to a multiple of 4, the row-invariant baseline).
 Quantized formats are compared with torch float32 on the dequantized weights; a "-dot" suffix
-(q4_1-dot) packs them for the integer-dot kernel, which quantizes activations to int8.
+(q4_1-dot) packs them for the integer-dot kernel, which quantizes activations to int8. The
+K-quants (q2_k .. q6_k), which gguf does not quantize, are timed on random blocks.
 
     python benchmarks/cpu_kernels.py [--threads N] [--repeat R] [--shapes 576x1536,...]
                                      [--formats f32,q4_1,q4_1-dot,...]
@@ -26,6 +27,10 @@ from collections.abc import Callable
 import numpy as np
 
 DEFAULT_SHAPES = ((576, 1536), (1536, 576), (576, 49152))
+# Byte offsets of the float16 scales in the blocks of formats gguf does not quantize: those are
+# timed on random blocks with small scales (the speed does not depend on the values).
+RANDOM_BLOCK_HALVES = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
+                       "q6_k": (208,)}
 DEFAULT_FORMATS = ("f32", "q4_1", "q4_1-dot")
 VERIFY_WIDTHS = (1, 2, 4, 8, 16)
 
@@ -46,6 +51,20 @@ def best_seconds(call: Callable[[], object], repeat: int) -> float:
     return best
 
 
+def random_blocks(format: str, shape: tuple[int, int]) -> np.ndarray:
+    """uint8 rows [N, row bytes] of random `format` blocks with float16 scales near 2^-8."""
+    from exactdraft.formats import FORMATS
+
+    row = FORMATS[format]
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (shape[0] * shape[1] // row.block_size, row.block_bytes),
+                          dtype=np.uint8)
+    for offset in RANDOM_BLOCK_HALVES[format]:
+        halves = (rng.uniform(0.5, 2.0, len(blocks)) * 2.0**-8).astype(np.float16)
+        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(shape[0], -1)
+
+
 def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
     """The packed weight and the float32 values torch multiplies by."""
     from exactdraft.formats import QuantizedTensor
@@ -58,10 +77,13 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
         patterns = (dense.view(np.uint32) >> 16).astype(np.uint16)
         return cpu.pack_matrix(patterns, "bf16"), (patterns.astype(np.uint32) << 16).view(
             np.float32)
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
+    if format in RANDOM_BLOCK_HALVES:
+        blocks = random_blocks(format, dense.shape)
+    else:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
 
-    blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
+        blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
     tensor = QuantizedTensor(format, blocks, dense.shape)
     return cpu.pack_matrix(tensor, layout="dot" if dot else "grouped"), tensor.dequantize()
 

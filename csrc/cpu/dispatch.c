@@ -195,10 +195,14 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
                            : format == FORMAT_Q5_0 ? 16
                            : format == FORMAT_Q6_K ? 32
                            : format == FORMAT_Q8_0 ? q8_code_bias
+                           : format == FORMAT_Q3_K ? 4
+                           : format == FORMAT_Q2_K ? -1 /* the halves' sums themselves */
                                                    : 0;
     int32_t *starts = q->starts;
-    if (format == FORMAT_Q6_K) {
-        /* q6_k's two scales cover weights 0..15 and 16..31: each half takes its own offset. */
+    if (format == FORMAT_Q6_K || format == FORMAT_Q3_K || format == FORMAT_Q2_K) {
+        /* Two scales cover weights 0..15 and 16..31: each half takes its own offset (q2_k's
+         * codes have none: its starts are the halves' activation sums, which its minimums
+         * multiply; dot_k_low.h). */
         for (size_t i = 0; i < per_block; i++) {
             const int8_t *values = q->values + i * QUANT_BLOCK;
             int32_t low = 0;

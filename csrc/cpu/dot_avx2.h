@@ -129,6 +129,11 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
     }
 }
 
+/* Lanewise int32 steps for the q2_k and q3_k sub-scales (dot_k_low.h); all exact. */
+static inline vi vi_lanes_load(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline vi vi_lanes_mul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+static inline vi vi_lanes_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+
 /* isum[r] = starts[2 r] + sum of w * x_r for q8_0 weights w. */
 static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x,
                                       const int32_t *starts, const int rows, vi *isum)

@@ -109,6 +109,11 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
     }
 }
 
+/* Lanewise int32 steps for the q2_k and q3_k sub-scales (dot_k_low.h); all exact. */
+static inline vi vi_lanes_load(const int32_t *p) { return _mm512_loadu_si512((const void *)p); }
+static inline vi vi_lanes_mul(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+static inline vi vi_lanes_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+
 /* q4 codes are 0..15; byte codes are unsigned (q8_0's are w + 128: the starts hold
  * -128 sum(x)), and load as they are stored. */
 #define dot_q4_rows dot_rows

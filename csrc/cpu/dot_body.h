@@ -10,11 +10,15 @@
  *                                                + m_w * (d_x * (float)sum(q_x)))
  *         q6_k:                    acc = acc + ((s0_w * d_x) * (float)isum0
  *                                                + (s1_w * d_x) * (float)isum1)
+ *         q3_k:                    acc = acc + (d_w * d_x) * (float)I
+ *         q2_k:                    acc = acc + ((d_w * d_x) * (float)I
+ *                                                + (-dmin_w * d_x) * (float)M)
  *     out = acc (+ bias)
  * with s_w, m_w the block's scale and minimum (kernels.h's dot layout) and isum the exact
  * integer sum over the block (isum0, isum1 over its weights 0..15 and 16..31) of
  * (code - offset) * q_x, computed from the stored codes and start values (q->starts) that take
- * the offset out; each step is one correctly rounded float operation. The integer sums are
+ * the offset out (q2_k, q3_k: I and M, dot_k_low.h's exact sums of the sub-scaled halves);
+ * each step is one correctly rounded float operation. The integer sums are
  * exact and every level performs the same float steps, so the bits depend on K and the values
  * only.
  */
@@ -67,6 +71,31 @@ struct dot_args {
 };
 
 #include "dot_record.h"
+#include "dot_k_low.h"
+
+/* q2_k and q3_k's block b (dot_k_low.h): its parameters and each row's exact sums. */
+static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
+                                          const struct dot_args *a, ptrdiff_t b, dv *scale,
+                                          dv *second, vi *isum, vi *isum1)
+{
+    const struct quantized_rows *q = a->q;
+    const uint8_t *super = k_low_super_block(a->records, a->record_bytes, b);
+    const uint8_t *block = k_low_block(format, super, b);
+    k_low_parameters(format, super, a->lane0, scale, second);
+    uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
+    k_low_unpack(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, unpacked, 4 * DOT_VW);
+    struct dot_codes w;
+    dot_load_u8(unpacked, &w);
+    const ptrdiff_t first = b * a->rows + a->first_row;
+    /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
+    dot_u8_halves(&w, q->values + first * QUANT_BLOCK,
+                  format == FORMAT_Q3_K ? q->starts + 2 * first : NULL, rows, isum, isum1);
+    struct k_low_scales scales;
+    k_low_load_scales(format, block, a->lane0, &scales);
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        k_low_combine(format, &scales, q->starts + 2 * (first + r), &isum[r], &isum1[r]);
+}
 
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
 {
@@ -83,6 +112,17 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         if (a->lane0 == 0)
             for (size_t line = 0; line < a->record_bytes; line += 64)
                 __builtin_prefetch(record + DOT_PREFETCH_RECORDS * a->record_bytes + line);
+        if (K_LOW(format)) {
+            dv scale, second;
+            vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
+            dot_k_low_sums(format, rows, a, b, &scale, &second, isum, isum1);
+            const ptrdiff_t first = b * a->rows + a->first_row;
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++)
+                acc[r] = dv_add(acc[r], dot_block_term(format, scale, second, q, first + r,
+                                                       isum[r], &isum1[r]));
+            continue;
+        }
         const dv scale = dot_parameter(format, record, 0, a->lane0);
         dv second = dv_zero();
         if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
@@ -143,11 +183,13 @@ typedef void (*dot_function)(const struct dot_args *a);
 
 DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4) DOT_INSTANCES(5) DOT_INSTANCES(6)
 DOT_INSTANCES(7) DOT_INSTANCES(8) DOT_INSTANCES(9)
+DOT_INSTANCES(16) DOT_INSTANCES(17)
 
-/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9). */
+/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9 and 16, 17). */
 static const dot_function dot_tiles[FORMAT_COUNT - FORMAT_Q8_0][DOT_TILE_ROWS] = {
     DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4), DOT_TABLE(5), DOT_TABLE(6), DOT_TABLE(7),
-    DOT_TABLE(8), DOT_TABLE(9)};
+    DOT_TABLE(8), DOT_TABLE(9),
+    [FORMAT_Q2_K - FORMAT_Q8_0] = DOT_TABLE(16), [FORMAT_Q3_K - FORMAT_Q8_0] = DOT_TABLE(17)};
 
 /* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are

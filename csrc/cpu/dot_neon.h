@@ -103,6 +103,11 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
     }
 }
 
+/* Lanewise int32 steps for the q2_k and q3_k sub-scales (dot_k_low.h); all exact. */
+static inline vi vi_lanes_load(const int32_t *p) { return vld1q_s32(p); }
+static inline vi vi_lanes_mul(vi a, vi b) { return vmulq_s32(a, b); }
+static inline vi vi_lanes_add(vi a, vi b) { return vaddq_s32(a, b); }
+
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows

@@ -32,7 +32,8 @@ static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, i
 }
 
 /* One block's term of activation row `index` (the quantized rows' block-major index) from the
- * block's parameters and exact integer sums (isum1: q6_k's second half, read by q6_k only). */
+ * block's parameters and exact integer sums (isum1: q6_k's second half, q2_k's minimums' sum,
+ * read by those only). */
 static ALWAYS_INLINE dv dot_block_term(const int format, dv scale, dv second,
                                        const struct quantized_rows *q, ptrdiff_t index, vi isum,
                                        const vi *isum1)
@@ -41,7 +42,7 @@ static ALWAYS_INLINE dv dot_block_term(const int format, dv scale, dv second,
     dv term = dv_mul(dv_mul(scale, activation_scale), vi_to_dv(isum));
     if (HAS_MINIMUM(format))
         term = dv_add(term, dv_mul(second, dv_set1(q->scaled_sums[index])));
-    else if (format == FORMAT_Q6_K)
+    else if (format == FORMAT_Q6_K || format == FORMAT_Q2_K)
         term = dv_add(term, dv_mul(dv_mul(second, activation_scale), vi_to_dv(*isum1)));
     return term;
 }

@@ -133,6 +133,21 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
     }
 }
 
+/* Lanewise int32 steps for the q2_k and q3_k sub-scales (dot_k_low.h); all exact. */
+static inline vi vi_lanes_load(const int32_t *p) { vi r; memcpy(&r, p, sizeof r); return r; }
+static inline vi vi_lanes_mul(vi a, vi b)
+{
+    vi r;
+    DV_LANEWISE(DOT_LANE(a, i) * DOT_LANE(b, i));
+    return r;
+}
+static inline vi vi_lanes_add(vi a, vi b)
+{
+    vi r;
+    DV_LANEWISE(DOT_LANE(a, i) + DOT_LANE(b, i));
+    return r;
+}
+
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows

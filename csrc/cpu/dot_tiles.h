@@ -9,7 +9,8 @@
  * Invariant: output element (m, n) has the bits dot_body.h states, the same as on every other
  * level: a block of 32 is one tile step (activation rows of the block are the A tile, read in
  * place from the block-major quantized rows; the record's codes are the B tile, as stored for
- * byte codes and unpacked into nibbles' bytes for q4 codes; q6_k's halves are two steps), the
+ * byte codes and unpacked into bytes for q4, q2_k and q3_k codes; the halves of q6_k, q2_k and
+ * q3_k are two steps), the
  * int32 sums are exact, and each block's float term is added into the fp32 accumulator in block
  * order by dot_record.h's dot_block_term, the one epilogue every level runs. Rows are cut into
  * tiles of up to 16, columns into the 16-row groups of the records: this decides which rows
@@ -18,6 +19,7 @@
 #include <pthread.h>
 
 #include "dot_record.h"
+#include "dot_k_low.h"
 
 /* Tiles (literal numbers: the instructions name their registers): C, the block's sums (q6_k:
  * of its first half, then SUM_TILE_HIGH of its second); A, the activation rows; B, the codes. */
@@ -71,7 +73,7 @@ static ALWAYS_INLINE void tile_block_sums(const int format, const int8_t *x,
                                           const uint8_t *codes)
 {
     TILE_ZERO(SUM_TILE);
-    if (format == FORMAT_Q6_K) {
+    if (format == FORMAT_Q6_K || K_LOW(format)) {
         TILE_ZERO(SUM_TILE_HIGH);
         TILE_LOAD(ROWS_TILE, x, QUANT_BLOCK);
         TILE_LOAD(ROWS_TILE_HIGH, x + QUANT_BLOCK / 2, QUANT_BLOCK);
@@ -102,6 +104,32 @@ static ALWAYS_INLINE dv reordered_block_term(const int format, dv scale, dv seco
 #define TILE_BLOCK_TERM dot_block_term
 #endif
 
+/* q2_k and q3_k's block b (dot_k_low.h) for the tile's rows: the halves as two tile steps on
+ * the unpacked codes, then the same integer steps and epilogue as every other level. */
+static ALWAYS_INLINE void tile_k_low_block(const int format, const struct quantized_rows *q,
+                                           const uint8_t *records, size_t record_bytes,
+                                           ptrdiff_t b, ptrdiff_t index, int rows, dv *acc)
+{
+    const uint8_t *super = k_low_super_block(records, record_bytes, b);
+    const uint8_t *block = k_low_block(format, super, b);
+    dv scale, second;
+    k_low_parameters(format, super, 0, &scale, &second);
+    k_low_unpack(format, block + K_LOW_SCALE_BYTES, tile_scratch.codes[0], DOT_CHUNK);
+    tile_block_sums(format, q->values + index * QUANT_BLOCK, tile_scratch.codes[0]);
+    struct k_low_scales scales;
+    k_low_load_scales(format, block, 0, &scales);
+    const int32_t *starts = format == FORMAT_Q3_K ? q->starts + 2 * index : NULL;
+    for (int r = 0; r < rows; r++) {
+        vi isum = _mm512_add_epi32(_mm512_load_si512((const void *)tile_scratch.sums[0][r]),
+                                   vi_set1(start_at(starts, 2 * r)));
+        vi isum1 = _mm512_add_epi32(_mm512_load_si512((const void *)tile_scratch.sums[1][r]),
+                                    vi_set1(start_at(starts, 2 * r + 1)));
+        k_low_combine(format, &scales, q->starts + 2 * (index + r), &isum, &isum1);
+        acc[r] = dv_add(acc[r], TILE_BLOCK_TERM(format, scale, second, q, index + r, isum,
+                                                &isum1));
+    }
+}
+
 static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_problem *p,
                                        ptrdiff_t first, ptrdiff_t end)
 {
@@ -111,7 +139,7 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     const ptrdiff_t out_stride = p->out_stride ? p->out_stride : p->columns;
     for (ptrdiff_t m0 = 0; m0 < p->rows; m0 += TILE_MAX_ROWS) {
         const int rows = (int)(p->rows - m0 < TILE_MAX_ROWS ? p->rows - m0 : TILE_MAX_ROWS);
-        configure_tiles(rows, format == FORMAT_Q6_K);
+        configure_tiles(rows, format == FORMAT_Q6_K || K_LOW(format));
         for (ptrdiff_t n = first; n < end; n += DOT_GROUP) {
             const uint8_t *records = p->weight + (size_t)(n / DOT_GROUP * blocks) * record_bytes;
             dv acc[TILE_MAX_ROWS];
@@ -120,11 +148,15 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
                 const uint8_t *record = records + (size_t)b * record_bytes;
                 for (size_t line = 0; line < record_bytes; line += 64)
                     __builtin_prefetch(record + DOT_PREFETCH_RECORDS * record_bytes + line);
+                const ptrdiff_t index = b * p->rows + m0;
+                if (K_LOW(format)) {
+                    tile_k_low_block(format, q, records, record_bytes, b, index, rows, acc);
+                    continue;
+                }
                 const dv scale = dot_parameter(format, record, 0, 0);
                 dv second = dv_zero();
                 if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
                     second = dot_parameter(format, record, 1, 0);
-                const ptrdiff_t index = b * p->rows + m0;
                 tile_block_sums(format, q->values + index * QUANT_BLOCK,
                                 tile_codes(format, record + PARAMETER_BYTES(format)));
                 const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * index : NULL;
@@ -154,14 +186,15 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     static void tile_columns_##F(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end) \
     { tile_columns(F, p, first, end); }
 TILE_INSTANCE(2) TILE_INSTANCE(3) TILE_INSTANCE(4) TILE_INSTANCE(5) TILE_INSTANCE(6)
-TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9)
+TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9) TILE_INSTANCE(16) TILE_INSTANCE(17)
 
 typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
 
 /* By format code minus FORMAT_Q8_0. */
 static const tile_function tile_functions[FORMAT_COUNT - FORMAT_Q8_0] = {
     tile_columns_2, tile_columns_3, tile_columns_4, tile_columns_5, tile_columns_6,
-    tile_columns_7, tile_columns_8, tile_columns_9};
+    tile_columns_7, tile_columns_8, tile_columns_9,
+    [FORMAT_Q2_K - FORMAT_Q8_0] = tile_columns_16, [FORMAT_Q3_K - FORMAT_Q8_0] = tile_columns_17};
 
 #if DOT_GROUP != 16 || DOT_VW != 16 || DOT_Q8_CODE_BIAS != 128
 #error "the tile matmul reads a record's 16 rows as one tile of unsigned codes"

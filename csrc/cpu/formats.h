@@ -9,7 +9,9 @@
 
 /* X(ID, code, name, weights per block, bytes per block, float kernel, dot record bytes)
  * float kernel: the rows and grouped layouts (float activations) can multiply the format;
- * dot record bytes: the dot layout's record for 16 rows and 32 weights (0: no dot kernel). */
+ * dot record bytes: the dot layout's record for 16 rows and 32 weights (0: no dot kernel); for
+ * q2_k and q3_k, whose records share a header per 256 weights (dot_k_low.h), the average.
+ * Codes no row names are gaps: their rows are all zero (name NULL). */
 #define WEIGHT_FORMATS(X)                          \
     X(F32, 0, "f32", 1, 4, 1, 0)                   \
     X(BF16, 1, "bf16", 1, 2, 1, 0)                 \
@@ -20,7 +22,9 @@
     X(Q5_1, 6, "q5_1", 32, 24, 0, 64 + 512)        \
     X(Q4_K, 7, "q4_k", 256, 144, 0, 128 + 256)     \
     X(Q5_K, 8, "q5_k", 256, 176, 0, 128 + 512)     \
-    X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)
+    X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)    \
+    X(Q2_K, 16, "q2_k", 256, 84, 0, 168)          \
+    X(Q3_K, 17, "q3_k", 256, 110, 0, 228)
 
 #define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) FORMAT_##ID = CODE,
 enum weight_format { WEIGHT_FORMATS(FORMAT_ENUM_ENTRY) FORMAT_COUNT };

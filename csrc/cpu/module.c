@@ -257,20 +257,24 @@ static PyObject *py_format_table(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    PyObject *rows = PyTuple_New(FORMAT_COUNT);
+    PyObject *rows = PyList_New(0);
     if (!rows) return NULL;
     for (int code = 0; code < FORMAT_COUNT; code++) {
         const struct format_row *row = &FORMAT_ROWS[code];
+        if (!row->name) continue; /* a gap in the codes */
         PyObject *entry = Py_BuildValue("(isiiii)", code, row->name, row->block_size,
                                         row->block_bytes, row->float_kernel,
                                         row->dot_record_bytes);
-        if (!entry) {
+        const int failed = !entry || PyList_Append(rows, entry) < 0;
+        Py_XDECREF(entry);
+        if (failed) {
             Py_DECREF(rows);
             return NULL;
         }
-        PyTuple_SET_ITEM(rows, code, entry);
     }
-    return rows;
+    PyObject *table = PyList_AsTuple(rows);
+    Py_DECREF(rows);
+    return table;
 }
 
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)

@@ -3,7 +3,8 @@
  * Invariant: a record holds exactly the values its GGUF blocks encode, split as the dot
  * layout reads them: w = scale * (code - offset) + minimum, with float16 parameters copied bit
  * for bit and the k formats' float32 parameters formed as the single float32 products ggml forms
- * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned. It is the C
+ * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned (q2_k and
+ * q3_k keep d, dmin and their integer sub-scales apart, as dot_k_low.h lays out). It is the C
  * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
  * which tests hold it equal to.
  */
@@ -119,10 +120,80 @@ struct pack_job {
     uint8_t *records;
 };
 
+/* q2_k and q3_k's super-block record layout (sizes as dot_k_low.h states). */
+enum { K_LOW_BLOCKS_PER_SUPER = 8, K_LOW_SCALES = 2 * DOT_GROUP };
+
+/* q3_k's 6-bit scale of sub-block s (16 weights), minus 32. */
+static int k3_scale(const uint8_t *scales, int s)
+{
+    const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
+    const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* Super-block `super` of lane `lane` of a q2_k or q3_k group record at `record`: the header
+ * halves, and per block of 32 its sub-scales and codes (dot_k_low.h's layout). */
+static void pack_k_low_super(int format, const uint8_t *block, int lane, uint8_t *record)
+{
+    const int q2 = format == FORMAT_Q2_K;
+    const int header = (q2 ? 4 : 2) * DOT_GROUP, chunks = q2 ? 2 : 3;
+    const uint8_t *qs = block + (q2 ? 16 : 32);
+    if (q2) {
+        memcpy(record + 2 * lane, block + 80, 2);
+        uint16_t minimum;
+        memcpy(&minimum, block + 82, 2);
+        minimum ^= 0x8000; /* -dmin, exactly */
+        memcpy(record + 2 * (DOT_GROUP + lane), &minimum, 2);
+    } else {
+        memcpy(record + 2 * lane, block + 108, 2);
+    }
+    for (int b = 0; b < K_LOW_BLOCKS_PER_SUPER; b++) {
+        uint8_t *out = record + header + b * (K_LOW_SCALES + chunks * DOT_CHUNK);
+        if (q2) {
+            out[lane] = (uint8_t)((block[2 * b] & 0x0F) | (block[2 * b + 1] & 0x0F) << 4);
+            out[DOT_GROUP + lane] = (uint8_t)((block[2 * b] >> 4) | (block[2 * b + 1] >> 4) << 4);
+        } else {
+            out[lane] = (uint8_t)(int8_t)k3_scale(block + 96, 2 * b);
+            out[DOT_GROUP + lane] = (uint8_t)(int8_t)k3_scale(block + 96, 2 * b + 1);
+        }
+        uint8_t *codes = out + K_LOW_SCALES + 4 * lane;
+        const int h = b / 4, j = b % 4;
+        for (int k = 0; k < 32; k++) {
+            /* Weight 32 b + k: bits 2j..2j+1 of qs[32 h + k]; q3_k's hmask bit 4h + j of byte k. */
+            const int low = (qs[32 * h + k] >> (2 * j)) & 3;
+            const int chunk = k / 4, i = k % 4;
+            codes[(chunk / 4) * DOT_CHUNK + i] |= (uint8_t)(low << (2 * (chunk % 4)));
+            if (!q2)
+                codes[2 * DOT_CHUNK + i] |= (uint8_t)(((block[k] >> (4 * h + j)) & 1) << chunk);
+        }
+    }
+}
+
+static void pack_k_low_group(const struct pack_job *job, ptrdiff_t group)
+{
+    const size_t super_bytes = K_LOW_BLOCKS_PER_SUPER *
+                               (size_t)FORMAT_ROWS[job->format].dot_record_bytes;
+    const ptrdiff_t supers = job->blocks / K_LOW_BLOCKS_PER_SUPER;
+    uint8_t *first = job->records + (size_t)group * (size_t)supers * super_bytes;
+    memset(first, 0, (size_t)supers * super_bytes); /* rows past the last stay zero */
+    const int block_bytes = FORMAT_ROWS[job->format].block_bytes;
+    for (int lane = 0; lane < DOT_GROUP; lane++) {
+        const ptrdiff_t n = group * DOT_GROUP + lane;
+        if (n >= job->rows) break;
+        const uint8_t *row = job->source + (size_t)n * job->row_bytes;
+        for (ptrdiff_t s = 0; s < supers; s++)
+            pack_k_low_super(job->format, row + s * block_bytes, lane, first + s * super_bytes);
+    }
+}
+
 static void pack_group(void *context, ptrdiff_t group)
 {
     const struct pack_job *job = context;
     const int format = job->format;
+    if (format == FORMAT_Q2_K || format == FORMAT_Q3_K) {
+        pack_k_low_group(job, group);
+        return;
+    }
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
     const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K;
     const int floats = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;

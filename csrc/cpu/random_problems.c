@@ -34,6 +34,30 @@ uint16_t random_stream_half(struct random_stream *s)
     return (uint16_t)(magnitude | (random_next(s) & 1 ? 0x8000 : 0));
 }
 
+/* q2_k and q3_k's super-block records (csrc/cpu/dot_k_low.h): random codes and sub-scales
+ * (q3_k's in -32..31, as their 6 bits give) and random float16 headers. */
+static uint8_t *random_k_low_records(struct random_stream *s, int format, uint8_t *weight,
+                                     ptrdiff_t bytes)
+{
+    const int q2 = format == FORMAT_Q2_K;
+    const ptrdiff_t super_bytes = 8 * (ptrdiff_t)FORMAT_ROWS[format].dot_record_bytes;
+    const int header = (q2 ? 4 : 2) * DOT_GROUP, block_bytes = 2 * DOT_GROUP +
+                                                                (q2 ? 2 : 3) * DOT_CHUNK;
+    for (ptrdiff_t i = 0; i < bytes; i++) weight[i] = (uint8_t)random_next(s);
+    for (ptrdiff_t at = 0; at < bytes; at += super_bytes) {
+        for (int h = 0; h < header / 2; h++) {
+            const uint16_t half = random_stream_half(s);
+            memcpy(weight + at + 2 * h, &half, sizeof half);
+        }
+        for (int b = 0; b < 8 && !q2; b++)
+            for (int i = 0; i < 2 * DOT_GROUP; i++) {
+                uint8_t *scale = weight + at + header + b * block_bytes + i;
+                *scale = (uint8_t)(int8_t)((*scale & 63) - 32);
+            }
+    }
+    return weight;
+}
+
 uint8_t *random_stream_dot_weights(struct random_stream *s, int format, ptrdiff_t columns,
                                    ptrdiff_t depth)
 {
@@ -50,6 +74,8 @@ uint8_t *random_stream_dot_weights(struct random_stream *s, int format, ptrdiff_
                                                              format == FORMAT_Q5_K) ? 31 : 255;
     uint8_t *weight = malloc((size_t)(groups * blocks) * record_bytes);
     if (!weight) return NULL;
+    if (format == FORMAT_Q2_K || format == FORMAT_Q3_K)
+        return random_k_low_records(s, format, weight, groups * blocks * (ptrdiff_t)record_bytes);
     for (ptrdiff_t record = 0; record < groups * blocks; record++) {
         uint8_t *at = weight + (size_t)record * record_bytes;
         for (int h = 0; h < parameters; h++) {

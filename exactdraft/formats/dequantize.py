@@ -233,6 +233,18 @@ def values_q2_k(b: np.ndarray, out: np.ndarray) -> None:
     o -= ml[:, :, None]
 
 
+def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q3_k blocks -> (d * (sc - 32) float32 [n, 16], the 3-bit codes 0..7 uint8 [n, 8, 32])."""
+    n = b.shape[0]
+    packed = b[:, 96:108]
+    low = _nibbles(packed[:, 0:8]).reshape(n, 16)
+    low |= _crumbs(packed[:, 8:12], at=4).reshape(n, 16)
+    dl = _f16(b, 108) * (low.view(np.int8) - np.int8(32)).astype(_F32)
+    q = _crumbs(b[:, 32:96].reshape(n, 2, 32)).reshape(n, 8, 32)
+    q |= _bits(b[:, 0:32], at=2)
+    return dl, q
+
+
 def values_q3_k(b: np.ndarray, out: np.ndarray) -> None:
     """q3_k: `w = (d * (sc - 32)) * q` per 16-weight sub-block, sc its 6-bit scale, q the 3-bit
     code in [-4, 3] (the low 2 bits, minus 4 where the hmask bit is clear).
@@ -241,12 +253,7 @@ def values_q3_k(b: np.ndarray, out: np.ndarray) -> None:
     exact. Matches ggml's `dl = d_all * (scales[is] - 32); y = dl * (q - ((hm[l] & m) ? 0 : 4))`.
     """
     n = b.shape[0]
-    packed = b[:, 96:108]
-    low = _nibbles(packed[:, 0:8]).reshape(n, 16)
-    low |= _crumbs(packed[:, 8:12], at=4).reshape(n, 16)
-    dl = _f16(b, 108) * (low.view(np.int8) - np.int8(32)).astype(_F32)
-    q = _crumbs(b[:, 32:96].reshape(n, 2, 32)).reshape(n, 8, 32)
-    q |= _bits(b[:, 0:32], at=2)
+    dl, q = _q3_k_parts(b)
     q -= 4  # wraps in uint8; read back as int8 it is the 3-bit code - 4, in [-4, 3]
     np.multiply(dl[:, :, None], q.reshape(n, 16, 16).view(np.int8), out=out.reshape(n, 16, 16),
                 dtype=_F32)
@@ -390,6 +397,20 @@ def fields_q6_k(b: np.ndarray) -> tuple:
     np.right_shift(ql, 4, out=codes[:, :, 2:4])
     codes |= _crumbs(b[:, 128:192].reshape(n, 2, 32), at=4)
     return codes.reshape(n, 256), scales, None, 16, 32
+
+
+def fields_q2_k(b: np.ndarray) -> tuple:
+    n = b.shape[0]
+    scales = b[:, 0:16]
+    dl = _f16(b, 80) * (scales & 0x0F).astype(_F32)
+    minimums = -(_f16(b, 82) * (scales >> 4).astype(_F32))
+    codes = _crumbs(b[:, 16:80].reshape(n, 2, 32)).reshape(n, 256)
+    return codes, dl, minimums, 16, 0
+
+
+def fields_q3_k(b: np.ndarray) -> tuple:
+    scales, codes = _q3_k_parts(b)
+    return codes.reshape(b.shape[0], 256), scales, None, 16, 4
 
 
 def block_fields(data: np.ndarray, depth: int, name: str, block_size: int, block_bytes: int,

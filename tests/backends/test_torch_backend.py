@@ -155,3 +155,24 @@ def test_unsupported_device_and_dtype_are_refused():
         get_backend("torch", dtype="int8")
     with pytest.raises(BackendError, match="'nope'"):
         get_backend("nope")
+
+
+@pytest.mark.parametrize("format", ["q2_k", "q3_k"])
+def test_block_formats_without_torch_kernels_dequantize_at_load(backend, format):
+    """The reference backend (and the Triton and MLX ones, which take the same dense_matrix
+    path) holds q2_k / q3_k weights as their exact dequantized values; a block whose bytes
+    change gives another matrix (control)."""
+    from exactdraft.formats import FORMATS, QuantizedTensor
+
+    row = FORMATS[format]
+    rng = np.random.default_rng(31)
+    data = rng.integers(0, 256, (4, 2 * row.block_bytes), dtype=np.uint8)
+    for offset in {"q2_k": (80, 82), "q3_k": (108,)}[format]:
+        for block in (0, row.block_bytes):
+            data[:, block + offset:block + offset + 2] = np.frombuffer(
+                np.float16(0.01).tobytes(), np.uint8)
+    weight = QuantizedTensor(format, data, (4, 512))
+    held = backend.matrix(weight)
+    assert held.t().contiguous().numpy().tobytes() == weight.dequantize().tobytes()
+    data[2, 20] ^= 0x04
+    assert backend.matrix(weight).numpy().tobytes() != held.numpy().tobytes()

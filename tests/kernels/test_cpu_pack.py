@@ -9,7 +9,12 @@ import pytest
 
 from exactdraft.formats import FORMATS
 from exactdraft.kernels import cpu
-from tests.kernels.test_cpu_quantized import BLOCK_FORMATS, quantized_weight
+from tests.kernels.test_cpu_quantized import (
+    BLOCK_FORMATS,
+    K_LOW_FORMATS,
+    k_low_parameters,
+    quantized_weight,
+)
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
@@ -22,6 +27,8 @@ FLOAT_PARAMETER_FORMATS = ("q4_k", "q5_k", "q6_k")
 def numpy_records(weight) -> np.ndarray:
     """kernels.h's dot layout from the block fields: per group of 16 rows and block of 32, the
     parameters (float16, float32 for the k formats) then the codes in 64-byte chunks."""
+    if weight.format in K_LOW_FORMATS:
+        return k_low_numpy_records(weight)
     fields = weight.row.block_fields(weight.data, weight.shape[1])
     count, depth = weight.shape
     blocks, groups = depth // 32, -(-count // DOT_GROUP)
@@ -47,6 +54,55 @@ def numpy_records(weight) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(groups, -1)
 
 
+def _by_group(values: np.ndarray, groups: int) -> np.ndarray:
+    """[count, supers, ...] -> [groups, supers, ..., 16 rows] zero-padded, as the records
+    interleave their rows innermost."""
+    padded = np.zeros((groups * DOT_GROUP,) + values.shape[1:], values.dtype)
+    padded[:values.shape[0]] = values
+    shaped = padded.reshape((groups, DOT_GROUP) + values.shape[1:])
+    return np.moveaxis(shaped, 1, -1)
+
+
+def k_low_numpy_records(weight) -> np.ndarray:
+    """q2_k / q3_k's super-block records (csrc/cpu/dot_k_low.h) from the block fields and the
+    sub-scales: per group and 256 weights a header (16 float16 d; q2_k then 16 -dmin), then per
+    block of 32 the rows' sub-scales (q2_k: sc0 | sc1 << 4, then m0 | m1 << 4; q3_k: int8 s0,
+    then s1) and chunks of 4 codes per row: 2-bit chunk p has code 4 (4p + t) + i at bits 2t of
+    byte i, q3_k's high chunk its bit 2 at bit t of byte i for t = 0..7."""
+    count, depth = weight.shape
+    supers, groups = depth // 256, -(-count // DOT_GROUP)
+    d, second, sub_scales, sub_minimums = k_low_parameters(weight)
+    header = [d.astype(np.float16).view(np.uint16)]
+    if weight.format == "q2_k":
+        header.append(second.astype(np.float16).view(np.uint16))
+        pairs = sub_scales.reshape(count, supers, 8, 2)
+        minimum_pairs = sub_minimums.reshape(count, supers, 8, 2)
+        scales = np.stack([pairs[..., 0] | pairs[..., 1] << 4,
+                           minimum_pairs[..., 0] | minimum_pairs[..., 1] << 4], -1)
+        scales = scales.astype(np.uint8)
+    else:
+        scales = sub_scales.reshape(count, supers, 8, 2).astype(np.int8).view(np.uint8)
+    scales = _by_group(scales, groups)  # [g, s, 8, 2, 16]
+    header_bytes = np.concatenate([_by_group(np.stack(header, -1), groups)[:, :, h]
+                                   for h in range(len(header))], -1)
+    header_bytes = np.ascontiguousarray(header_bytes).view(np.uint8)
+    fields = weight.row.block_fields(weight.data, depth)
+    codes = fields.codes.reshape(count, supers, 8, 8, 4).astype(np.uint8)  # block, chunk, i
+    low = (codes & 3).reshape(count, supers, 8, 2, 4, 4)  # block, p, t, i
+    shifts = (2 * np.arange(4, dtype=np.uint8))[:, None]
+    chunks = [np.bitwise_or.reduce(low << shifts, axis=4)]  # [count, s, 8, 2, 4]
+    if weight.format == "q3_k":
+        high = (codes >> 2) & 1  # [count, s, 8, chunk t, i]
+        bits = np.arange(8, dtype=np.uint8)[:, None]
+        chunks.append(np.bitwise_or.reduce(high << bits, axis=3)[:, :, :, None])
+    code_bytes = _by_group(np.concatenate(chunks, 3), groups)  # [g, s, 8, chunks, 4, 16]
+    code_bytes = np.swapaxes(code_bytes, -1, -2)  # byte 4 row + i
+    blocks = np.concatenate([scales.reshape(groups, supers, 8, -1),
+                             code_bytes.reshape(groups, supers, 8, -1)], -1)
+    return np.concatenate([header_bytes.reshape(groups, supers, -1),
+                           blocks.reshape(groups, supers, -1)], -1).reshape(groups, -1)
+
+
 @pytest.mark.parametrize("format", BLOCK_FORMATS)
 @pytest.mark.parametrize("rows", [1, 16, 37])
 def test_c_packing_equals_the_numpy_packing(format, rows):
@@ -56,9 +112,10 @@ def test_c_packing_equals_the_numpy_packing(format, rows):
     assert packed.data.tobytes() == numpy_records(weight).tobytes()
 
 
-def test_packing_sees_a_changed_block():
+@pytest.mark.parametrize("format", ["q6_k", *K_LOW_FORMATS])
+def test_packing_sees_a_changed_block(format):
     """Negative control: one changed code byte changes the records."""
-    weight = quantized_weight("q6_k", 16, 256, np.random.default_rng(3))
+    weight = quantized_weight(format, 16, 256, np.random.default_rng(3))
     before = cpu.pack_matrix(weight, layout="dot").data.copy()
     weight.data[5, 7] ^= 0x01
     assert not np.array_equal(cpu.pack_matrix(weight, layout="dot").data, before)

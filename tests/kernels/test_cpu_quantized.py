@@ -1,7 +1,7 @@
 """Tests of the C kernels' integer-dot matmul (the "dot" layout of q8_0, q4_0, q4_1, q5_0, q5_1,
-q4_k, q5_k and q6_k weights): bitwise agreement with a numpy emulation of its block formula,
-accuracy against float64, and bitwise row invariance on every SIMD level with 1 and 2 threads,
-with negative controls.
+q2_k, q3_k, q4_k, q5_k and q6_k weights): bitwise agreement with a numpy emulation of its block
+formula, accuracy against float64, and bitwise row invariance on every SIMD level with 1 and 2
+threads, with negative controls.
 
 The emulation mirrors the kernel's float32 steps one by one (numpy's float32 operations are
 correctly rounded IEEE operations, and the integer block sums are exact), so the kernel must
@@ -24,7 +24,10 @@ pytestmark = pytest.mark.skipif(
 BLOCK_FORMATS = tuple(name for name, row in FORMATS.items() if row.integer_dot)
 # Byte offsets of each format's float16 fields within a block (the rest may be any bytes).
 HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
-               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+               "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+# q2_k and q3_k: the kernel applies their integer sub-scales to each half's exact sum and the
+# super-block's float16 d (and -dmin) in the float steps.
+K_LOW_FORMATS = ("q2_k", "q3_k")
 
 
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:
@@ -56,6 +59,51 @@ def quantize_reference(x: np.ndarray):
     return q.reshape(rows, depth), scale, scale * sums.astype(np.float32), sums
 
 
+def k_low_parameters(weight: QuantizedTensor):
+    """q2_k / q3_k straight from the blocks' bytes: d and the minimums' scale -dmin (q3_k: 0)
+    float32 [N, K / 256], and the integer sub-scales and q2_k's sub-minimums int64 [N, K / 16]
+    (q3_k's are its 6-bit scales minus 32, its minimums 0)."""
+    columns, depth = weight.shape
+    blocks = weight.data.reshape(columns, depth // 256, -1)
+
+    def half(offset):
+        return blocks[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    if weight.format == "q2_k":
+        packed = blocks[..., :16].astype(np.int64)
+        return (half(80), -half(82), (packed & 15).reshape(columns, -1),
+                (packed >> 4).reshape(columns, -1))
+    packed = blocks[..., 96:108].astype(np.int64)
+    sub = np.arange(16)
+    low = (packed[..., sub % 8] >> (4 * (sub // 8))) & 15
+    high = (packed[..., 8 + sub % 4] >> (2 * (sub // 4))) & 3
+    scales = (low | high << 4) - 32
+    return (half(108), np.zeros_like(half(108)), scales.reshape(columns, -1),
+            np.zeros_like(scales).reshape(columns, -1))
+
+
+def k_low_reference(q_blocks, scale, weight, signed) -> np.ndarray:
+    """The q2_k / q3_k kernel's formula: per block of 32, I = s0 isum0 + s1 isum1 over its two
+    halves and (q2_k) M = m0 sum(q, 0..15) + m1 sum(q, 16..31), exact integers, then
+    acc = acc + ((d_w * d_x) * I + (-dmin_w * d_x) * M), one float32 rounding per step."""
+    d, second, sub_scales, sub_minimums = k_low_parameters(weight)
+    rows, blocks = q_blocks.shape[:2]
+    acc = np.zeros((rows, weight.shape[0]), np.float32)
+    for b in range(blocks):
+        halves = [q_blocks[:, b, h:h + 16] @ signed[:, b, h:h + 16].T for h in (0, 16)]
+        sums = [q_blocks[:, b, h:h + 16].sum(-1) for h in (0, 16)]
+        total = sub_scales[None, :, 2 * b] * halves[0] + sub_scales[None, :, 2 * b + 1] * halves[1]
+        minimums = (sub_minimums[None, :, 2 * b] * sums[0][:, None]
+                    + sub_minimums[None, :, 2 * b + 1] * sums[1][:, None])
+        assert np.abs(total).max() < 2**24 and np.abs(minimums).max() < 2**24  # exact in float
+        term = (d[None, :, b // 8] * scale[:, b, None]) * total.astype(np.float32)
+        if weight.format == "q2_k":
+            term = term + (second[None, :, b // 8] * scale[:, b, None]) * minimums.astype(
+                np.float32)
+        acc = acc + term
+    return acc
+
+
 def dot_reference(x: np.ndarray, weight: QuantizedTensor, bias=None,
                   quantized=None) -> np.ndarray:
     """The kernel's formula in numpy: for each block of 32 in order, acc = acc +
@@ -68,6 +116,9 @@ def dot_reference(x: np.ndarray, weight: QuantizedTensor, bias=None,
     signed = (fields.codes.astype(np.int64) - fields.offset).reshape(columns, blocks, 32)
     scales = fields.scales.reshape(columns, blocks, -1)  # one scale per 32, two for q6_k
     q_blocks = q.reshape(rows, depth // 32, 32).astype(np.int64)
+    if weight.format in K_LOW_FORMATS:
+        acc = k_low_reference(q_blocks, scale, weight, signed)
+        return acc if bias is None else acc + bias
     acc = np.zeros((rows, columns), np.float32)
     for b in range(blocks):
         if weight.format == "q6_k":
@@ -252,3 +303,42 @@ def test_dot_matmul_row_invariance_model_shapes(format, depth, columns, restore_
             assert np.array_equal(together, bits(dot_reference(x, weight)))
             for r in range(rows):
                 assert np.array_equal(together[r:r + 1], bits(cpu.matmul(x[r:r + 1], packed)))
+
+
+@pytest.mark.parametrize("format", K_LOW_FORMATS)
+def test_k_low_reference_sees_the_sub_scales_order(format):
+    """Negative control: applying q2_k / q3_k's sub-scales in float (d * sc, as dequantization
+    forms the weights) instead of to the exact integer sums gives other bits than the kernel
+    somewhere, so the bitwise comparison above can tell the two apart."""
+    rng = np.random.default_rng(28)
+    weight = quantized_weight(format, 40, 512, rng)
+    x = awkward_rows(rng, 6, 512)
+    q, scale, scaled_sum, _ = quantize_reference(x)
+    fields = weight.row.block_fields(weight.data, 512)
+    signed = (fields.codes.astype(np.int64) - fields.offset).reshape(40, 16, 32)
+    q_blocks = q.reshape(6, 16, 32).astype(np.int64)
+    acc = np.zeros((6, 40), np.float32)
+    for b in range(16):  # float sub-scales: (d sc) * d_x per half, as q6_k's halves
+        for h in (0, 1):
+            isum = (q_blocks[:, b, 16 * h:16 * h + 16] @ signed[:, b, 16 * h:16 * h + 16].T)
+            acc = acc + (fields.scales[None, :, 2 * b + h] * scale[:, b, None]) * isum.astype(
+                np.float32)
+            if fields.minimums is not None:
+                sums = q_blocks[:, b, 16 * h:16 * h + 16].sum(-1).astype(np.float32)
+                scaled = scale[:, b, None] * sums[:, None]
+                acc = acc + fields.minimums[None, :, 2 * b + h] * scaled
+    kernel = cpu.matmul(x, cpu.pack_matrix(weight, layout="dot"))
+    assert np.array_equal(bits(kernel), bits(dot_reference(x, weight)))
+    assert not np.array_equal(bits(kernel), bits(acc))
+    assert np.allclose(kernel, acc, rtol=1e-3, atol=1e-3 * np.abs(acc).max())  # same product
+
+
+def test_k_low_records_keep_the_file_size():
+    """q2_k and q3_k stay in their blocks: the dot records of whole groups of 16 rows take the
+    file's bytes (q2_k) or 3.6 % more (q3_k: its 6-bit scales as bytes), not float32's."""
+    rng = np.random.default_rng(29)
+    for format, ratio in (("q2_k", 1.0), ("q3_k", 228 / 220)):
+        weight = quantized_weight(format, 64, 1024, rng)
+        packed = cpu.pack_matrix(weight, layout="dot")
+        assert packed.data.nbytes == pytest.approx(ratio * weight.data.nbytes)
+        assert packed.data.nbytes < 1.1 * weight.data.nbytes < 64 * 1024 * 4 / 8

@@ -428,3 +428,59 @@ def test_gguf_files_load_without_the_gguf_package(monkeypatch, smollm_path):
     monkeypatch.setitem(sys.modules, "gguf", None)
     checkpoint = load_gguf(smollm_path)
     assert checkpoint.config.num_layers == 30 and checkpoint.tokenizer is not None
+
+
+def k_low_blocks(kind: str, rows: int, depth: int, rng) -> np.ndarray:
+    """Random q2_k / q3_k blocks [rows, row bytes] with small positive float16 scales."""
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    blocks = rng.integers(0, 256, (rows * depth // block_size, block_bytes), dtype=np.uint8)
+    for offset in {"Q2_K": (80, 82), "Q3_K": (108,)}[kind]:
+        halves = (rng.uniform(0.5, 2.0, len(blocks)) * 2.0**-8).astype(np.float16)
+        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K"])
+def test_a_k_low_file_loads_kept_in_its_blocks(tmp_path, write_gguf, kind):
+    """A Q2_K / Q3_K file keeps its blocks (gguf's own dequantization of them, bit for bit),
+    the CPU backend packs them at the file's size for the integer-dot kernels, and its logits
+    are those of the dequantized weights within int8 activation rounding."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
+    from exactdraft.pretrained import build_target
+
+    rng = np.random.default_rng(30)
+    hidden = 256
+    fields = tiny_llama_fields() | {"llama.embedding_length": hidden,
+                                    "llama.feed_forward_length": hidden,
+                                    "llama.attention.head_count_kv": 2,
+                                    "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    tensors = {"token_embd.weight": rng.standard_normal((64, hidden)).astype(np.float32),
+               "output_norm.weight": np.ones(hidden, np.float32),
+               "blk.0.attn_norm.weight": np.ones(hidden, np.float32),
+               "blk.0.ffn_norm.weight": np.ones(hidden, np.float32)}
+    for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        tensors[f"blk.0.{part}.weight"] = (k_low_blocks(kind, hidden, hidden, rng), kind, "raw")
+    path = write_gguf(str(tmp_path / f"{kind}.gguf"), "llama", fields, tensors)
+
+    checkpoint = load_gguf(path, keep_quantized=True)
+    assert checkpoint.metadata["tensor_types"][kind] == 7
+    kept = [v for v in checkpoint.tensors.values() if isinstance(v, QuantizedTensor)]
+    assert len(kept) == 7 and {v.format for v in kept} == {kind.lower()}
+    down = checkpoint.tensors["model.layers.0.mlp.down_proj.weight"]
+    theirs = gguf.quants.dequantize(down.data, gguf.GGMLQuantizationType[kind])
+    assert same_bits(down.dequantize(), theirs.reshape(down.shape))
+
+    backend = TorchCPUBackend()
+    matrix = backend.matrix(down)
+    assert [part.layout for part in matrix.packed] == ["dot"]
+    packed_bytes = matrix.packed[0].data.nbytes
+    assert packed_bytes <= 1.05 * down.data.nbytes < 0.15 * 4 * hidden * hidden
+
+    tokens = [3, 17, 42, 9, 0, 33]
+    ours = build_target(checkpoint, backend)
+    got = ours.forward(ours.new_state(), tokens, rows="all")
+    dense = load_gguf(path, keep_quantized=False)
+    reference = build_target(dense, TorchCPUBackend(quantized_activations=False))
+    want = reference.forward(reference.new_state(), tokens, rows="all")
+    error = np.abs(got - want).max() / np.abs(want).max()
+    assert 0 < error < 3e-2

@@ -62,6 +62,7 @@ _BUILTIN_MODULES = {
     "qwen35moe": "exactdraft.models.families.qwen3_next",
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
+    "gpt_oss": "exactdraft.models.families.gpt_oss",
 }
 _REGISTERED: list[Family] = []
 

@@ -1,0 +1,113 @@
+"""Attention with sinks (gpt-oss): a learned logit per query head that joins every row's softmax
+denominator and carries no value.
+
+Invariant: a row's attended output has the bits it gets when its sequence runs alone and the row
+is computed by itself, on every backend. The keys' weighted sum is the backend's row invariant
+attention; the sink then scales it by Z / (Z + exp(sink - m)), Z = sum_j exp(s_j - m) over the
+row's visible keys and m the largest of those scores and the sink: the same softmax with the
+sink as one more logit, in another order. Z is computed on the host in float64 per row and head:
+each score s_j = scale * q . k_j is a tree_sum of float64 products over the head dimension; the
+exp(s_j - m) of keys aligned to absolute positions are added in fixed blocks of BLOCK keys
+(tree_sum, masked keys as exact zeros) and the blocks in position order, so neither the number
+of rows in the pass nor the cache length changes a row's Z. The scale is applied to the float32
+attended rows in float64 and rounded once.
+
+Token trees are refused (the family declares none): a tree row's keys are not in position order
+in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exactdraft import float64_math
+from exactdraft.backends.base import Backend
+from exactdraft.errors import BackendError
+from exactdraft.models.blocks import RopeTable
+from exactdraft.models.mixers import AttentionMixer, PassContext
+from exactdraft.models.recurrent import F32, tree_sum
+
+BLOCK = 64  # keys per block of the host sum, aligned to absolute positions
+ELEMENTS_PER_GROUP = 1 << 21  # float64 products held at once (rows are grouped to stay under)
+
+
+def sink_scales(q: np.ndarray, keys: np.ndarray, first_key: int, positions: np.ndarray,
+                window: int, scale: float, sinks: np.ndarray) -> np.ndarray:
+    """Z / (Z + exp(sink - m)) per row and head, float64 [M, Hq], for queries q [M, Hq, D] at
+    `positions` over keys [Hkv, L, D] holding positions first_key.. (first_key a multiple of
+    BLOCK and L a multiple of BLOCK, past the last position any row sees)."""
+    rows, heads, dim = q.shape
+    kv_heads, length = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    key_positions = first_key + np.arange(length)
+    visible = key_positions[None, :] <= positions[:, None]
+    if window > 0:
+        visible &= positions[:, None] - key_positions[None, :] < window
+    wide_keys = np.repeat(np.asarray(keys, dtype=np.float64), group, axis=0)  # [Hq, L, D]
+    sink = np.asarray(sinks, dtype=np.float64)
+    out = np.empty((rows, heads), np.float64)
+    step = max(1, ELEMENTS_PER_GROUP // max(1, heads * length * dim))
+    for begin in range(0, rows, step):
+        end = min(rows, begin + step)
+        wide_q = np.asarray(q[begin:end], dtype=np.float64)[:, :, None, :]
+        scores = tree_sum(wide_q * wide_keys[None], -1) * scale  # [m, Hq, L]
+        seen = visible[begin:end, None, :]
+        top = np.maximum(np.where(seen, scores, -np.inf).max(axis=-1), sink[None, :])
+        terms = np.where(seen, float64_math.exp(np.where(seen, scores - top[..., None], 0.0)),
+                         0.0)
+        total = np.zeros(top.shape, np.float64)
+        for block in range(0, length, BLOCK):
+            total = total + tree_sum(terms[..., block:block + BLOCK], -1)
+        out[begin:end] = total / (total + float64_math.exp(sink[None, :] - top))
+    return out
+
+
+class _WithSinks:
+    """The backend as the wrapped attention mixer sees it: every op its own, attention
+    followed by the sink's scale."""
+
+    def __init__(self, backend: Backend, sinks: np.ndarray) -> None:
+        self._backend = backend
+        self._sinks = sinks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray, window: int,
+                  scale: float, tree_paths: np.ndarray | None = None) -> Any:
+        if tree_paths is not None:
+            raise BackendError("attention with sinks does not verify token trees; verify a "
+                               "chain")
+        be = self._backend
+        attended = be.attention(q, keys, values, positions, window, scale)
+        positions = np.asarray(positions, dtype=np.int64)
+        last = int(positions.max())
+        first = int(positions.min()) - window + 1 if window > 0 else 0
+        first = max(0, first) // BLOCK * BLOCK
+        end = min((last // BLOCK + 1) * BLOCK, keys.shape[1])
+        span = be.to_host(keys[:, first:end])
+        padded = np.zeros((span.shape[0], (last // BLOCK + 1) * BLOCK - first, span.shape[2]),
+                          F32)
+        padded[:, :span.shape[1]] = span
+        scales = sink_scales(be.to_host(q), padded, first, positions, window, scale,
+                             self._sinks)
+        host = be.to_host(attended).astype(np.float64) * scales[..., None]
+        return be.vector(host.astype(F32))
+
+
+@dataclass
+class SinkAttention:
+    """An AttentionMixer whose heads have sinks [Hq] (float32 logits)."""
+
+    attention: AttentionMixer
+    sinks: np.ndarray
+
+    @property
+    def rope(self) -> RopeTable | None:
+        return self.attention.rope
+
+    def run(self, be: Backend, x: Any, ctx: PassContext) -> Any:
+        return self.attention.run(_WithSinks(be, self.sinks), x, ctx)

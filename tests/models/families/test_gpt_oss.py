@@ -1,0 +1,207 @@
+"""The gpt-oss family on a tiny random checkpoint (odd KV head count, sliding and full layers,
+YaRN rope, clamped experts): logits against transformers, with controls that leave out each of
+the family's own parts; a verify window and chunked prefill bit for bit, and drafted output
+equal to serial output at temperature 0.8, each with a negative control whose sink scale is
+computed as the reference does it, for the whole pass in float32 (the same function, other
+bits)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import numpy as np
+import pytest
+
+from exactdraft.errors import BackendError, ConfigError, WeightError
+from exactdraft.guard import probe_tokens
+from exactdraft.models import attention_sinks
+from exactdraft.models.attention_sinks import SinkAttention
+from exactdraft.models.families.gpt_oss import config_from_hf
+from tests.test_generator import every_family
+
+SETTINGS = dict(
+    model_type="gpt_oss", num_attention_heads=9, num_key_value_heads=3, head_dim=16,
+    num_local_experts=5, num_experts_per_tok=2, intermediate_size=32, sliding_window=12,
+    swiglu_limit=1.5, max_position_embeddings=128,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 32})
+LENGTH = 70  # past the sliding window and the sink sum's first block of keys
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    from tests.conftest import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("gpt_oss")), "llama", **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def target(folder):
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    return build_target(load_checkpoint(folder), "torch")
+
+
+@functools.cache
+def hf_logits(folder: str, tokens: tuple[int, ...]) -> np.ndarray:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([list(tokens)])).logits[0].numpy()
+
+
+def relative_error(target, folder: str) -> float:
+    tokens = probe_tokens(LENGTH, target.vocab_size, salt=3)
+    ours = target.forward(target.new_state(), tokens, rows="all")
+    reference = hf_logits(folder, tuple(tokens))
+    scale = float(np.abs(reference).max())
+    assert scale > 1.0  # the logits spread over several units
+    return float(np.abs(ours - reference).max()) / scale
+
+
+def test_config_maps_the_family(target):
+    c = target.config
+    assert (c.num_heads, c.num_kv_heads, c.num_experts, c.top_k) == (9, 3, 5, 2)
+    assert c.sliding_windows == (12, 0)
+    assert c.yarn.factor == 4.0 and c.yarn.attention_factor == pytest.approx(
+        0.1 * np.log(4.0) + 1.0)
+
+
+def test_logits_match_transformers(target, folder):
+    assert relative_error(target, folder) < 2e-5
+
+
+def _without_sinks(target):
+    for layer in target.layers:
+        layer.mixer = layer.mixer.attention
+
+
+def _without_clamp(target):
+    for layer in target.layers:
+        for expert in layer.feed_forward.experts:
+            expert.limit = 1e9
+
+
+def _without_attention_factor(target):
+    target.layers[0].mixer.attention.rope.factor = np.float32(1.0)
+
+
+@pytest.mark.parametrize("leave_out", [_without_sinks, _without_clamp,
+                                       _without_attention_factor])
+def test_control_each_part_left_out_is_seen(leave_out, folder):
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    changed = build_target(load_checkpoint(folder), "torch")
+    leave_out(changed)
+    assert relative_error(changed, folder) > 1e-3
+
+
+def verify_and_chunk_mismatches(target) -> list[str]:
+    """Where a verify window's rows or a chunked prefill's rows differ from single steps and
+    one pass."""
+    prefix = probe_tokens(LENGTH - 10, target.vocab_size, salt=1)
+    window = probe_tokens(9, target.vocab_size, salt=2)
+    state, mismatches = target.new_state(), []
+    target.forward(state, prefix)
+    singles = [target.forward(state, [token])[0].tobytes() for token in window]
+    for width in range(1, 10):
+        target.truncate(state, len(prefix))
+        rows = target.forward(state, window[:width], rows="all")
+        if [row.tobytes() for row in rows] != singles[:width]:
+            mismatches.append(f"verify width {width}")
+    tokens = prefix + window
+    whole = target.forward(target.new_state(), tokens, rows="all")
+    chunked, begin = target.new_state(), 0
+    for size in (1, 6, 13, 19, 30):
+        rows = target.forward(chunked, tokens[begin:begin + size], rows="all")
+        if rows.tobytes() != whole[begin:begin + size].tobytes():
+            mismatches.append(f"chunk at {begin}")
+        begin += size
+    return mismatches
+
+
+def test_verify_window_and_chunked_prefill_are_bitwise(target):
+    assert verify_and_chunk_mismatches(target) == []
+
+
+def plain_sink_scales(q, keys, first_key, positions, window, scale, sinks):
+    """The sink's scale as the reference computes it, for the rows of the whole pass at once
+    in float32 (one stabiliser per head): the same function, bits that follow the pass."""
+    group = q.shape[1] // keys.shape[0]
+    key_positions = first_key + np.arange(keys.shape[1])
+    seen = key_positions[None, :] <= positions[:, None]
+    if window > 0:
+        seen &= positions[:, None] - key_positions[None, :] < window
+    scores = np.einsum("mhd,hld->mhl", q, np.repeat(keys, group, axis=0)) * np.float32(scale)
+    scores = np.where(seen[:, None, :], scores, -np.inf)
+    top = np.maximum(scores.max(axis=(0, 2)), sinks)
+    total = np.exp(scores - top[None, :, None]).sum(axis=-1)
+    return total / (total + np.exp(sinks - top)[None, :])
+
+
+def test_negative_control_a_plain_sink_scale_breaks_the_bits(target, folder,
+                                                                 monkeypatch):
+    monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
+    assert relative_error(target, folder) < 2e-5  # still the same function
+    assert verify_and_chunk_mismatches(target)
+
+
+def test_drafted_equals_serial_at_temperature_0_8(target):
+    every_family(target, True, temperatures=(0.8,), seeds=range(2)).assert_exact()
+
+
+def test_negative_control_drafted_differs_with_a_plain_sink_scale(target, monkeypatch):
+    monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
+    check = every_family(target, False, temperatures=(0.8,), seeds=range(2))
+    assert check.row_mismatches
+    with pytest.raises(AssertionError):
+        check.assert_exact()
+
+
+def test_token_trees_are_refused(target):
+    mixer = target.layers[0].mixer
+    assert isinstance(mixer, SinkAttention) and not target.supports_trees
+    view = attention_sinks._WithSinks(target.backend, mixer.sinks)
+    q = target.backend.vector(np.zeros((1, 9, 16), np.float32))
+    buffer = target.backend.kv_buffer(3, 64, 16)
+    with pytest.raises(BackendError, match="token trees"):
+        view.attention(q, buffer, buffer, np.array([0]), 0, 0.25,
+                       tree_paths=np.zeros((1, 1), np.int32))
+
+
+def base_config() -> dict:
+    return dict(model_type="gpt_oss", vocab_size=128, hidden_size=64, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+                num_local_experts=4, num_experts_per_tok=2)
+
+
+def test_config_defaults_and_refusals():
+    c = config_from_hf(base_config(), "config.json")
+    assert c.sliding_windows == (128, 0, 128) and c.yarn is None and c.attention_bias
+    for change, match in ((dict(num_experts_per_tok=5), "num_experts_per_tok"),
+                          (dict(num_key_value_heads=3), "num_attention_heads"),
+                          (dict(layer_types=["full_attention"]), "layer_types"),
+                          (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}),
+                           "rope_type")):
+        with pytest.raises(ConfigError, match=match):
+            config_from_hf({**base_config(), **change}, "config.json")
+
+
+def test_mxfp4_experts_are_refused_by_name(folder, tmp_path):
+    from exactdraft.pretrained import build_target, load_checkpoint
+    from tests.hybrid_checkpoints import edit_tensors
+
+    copy = shutil.copytree(folder, tmp_path / "mxfp4")
+
+    def as_blocks(tensors: dict) -> None:
+        name = "model.layers.0.mlp.experts.gate_up_proj"
+        tensors[name + "_blocks"] = np.zeros((5, 64, 2, 16), np.uint8)
+        del tensors[name]
+
+    edit_tensors(str(copy), as_blocks)
+    with pytest.raises(WeightError, match="MXFP4"):
+        build_target(load_checkpoint(str(copy)), "torch")

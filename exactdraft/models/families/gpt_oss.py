@@ -24,6 +24,7 @@ from exactdraft.models.families.registry import Family
 from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import load_attention, norm_vector
 from exactdraft.models.moe import RouterSettings
+from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
 from exactdraft.models.yarn_rope import (
     ScaledRopeTable,
@@ -178,4 +179,7 @@ FAMILY = Family(
     hf_tensors=lambda config, tensors: tensors,
     gguf_tensors=_no_gguf,
     build=build,
+    # Every matrix by output columns (experts too), attention with every head on every rank:
+    # the sinks then scale whole heads as at TP=1.
+    tensor_parallel=lambda config: TensorParallelSplit(),
 )

@@ -22,7 +22,7 @@ from tests.test_generator import every_family
 
 SETTINGS = dict(
     model_type="gpt_oss", num_attention_heads=9, num_key_value_heads=3, head_dim=16,
-    num_local_experts=5, num_experts_per_tok=2, intermediate_size=32, sliding_window=12,
+    num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=12,
     swiglu_limit=1.5, max_position_embeddings=128,
     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -65,7 +65,7 @@ def relative_error(target, folder: str) -> float:
 
 def test_config_maps_the_family(target):
     c = target.config
-    assert (c.num_heads, c.num_kv_heads, c.num_experts, c.top_k) == (9, 3, 5, 2)
+    assert (c.num_heads, c.num_kv_heads, c.num_experts, c.top_k) == (9, 3, 4, 2)
     assert c.sliding_windows == (12, 0)
     assert c.yarn.factor == 4.0 and c.yarn.attention_factor == pytest.approx(
         0.1 * np.log(4.0) + 1.0)
@@ -199,9 +199,21 @@ def test_mxfp4_experts_are_refused_by_name(folder, tmp_path):
 
     def as_blocks(tensors: dict) -> None:
         name = "model.layers.0.mlp.experts.gate_up_proj"
-        tensors[name + "_blocks"] = np.zeros((5, 64, 2, 16), np.uint8)
+        tensors[name + "_blocks"] = np.zeros((4, 64, 2, 16), np.uint8)
         del tensors[name]
 
     edit_tensors(str(copy), as_blocks)
     with pytest.raises(WeightError, match="MXFP4"):
         build_target(load_checkpoint(str(copy)), "torch")
+
+
+def test_the_padded_torch_backend_keeps_the_sinks_and_the_bits(folder):
+    """The sinks scale the backend's attention on the host, so every backend has them: the
+    torch ops backend (the C kernels' reference) matches transformers and keeps rows
+    invariant too."""
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    padded = build_target(load_checkpoint(folder), "torch-padded")
+    assert type(padded.backend).__name__ == "TorchBackend"
+    assert relative_error(padded, folder) < 2e-5
+    assert verify_and_chunk_mismatches(padded) == []

@@ -11,7 +11,8 @@ gate). Rows add their experts' weighted outputs in increasing expert index from 
 
 Hugging Face stores the experts fused and transposed (`gate_up_proj` [E, H, 2I] with gate and
 up interleaved by column, `down_proj` [E, I, H]); they are put in the backend's [N, K] layout
-with the gate rows first, then the up rows.
+with the gate rows first, then the up rows. OpenAI's checkpoints store them as MXFP4 blocks in
+[N, K] layout, which become GGUF mxfp4 blocks (`mxfp4_rows`) holding the same values exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from exactdraft.backends.base import Backend
 from exactdraft.errors import WeightError
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.models.mixers import PassContext
 from exactdraft.models.moe import MoEBlock, route
 from exactdraft.models.recurrent import F32, sigmoid32
@@ -63,25 +65,62 @@ class BiasedRouterMoE(MoEBlock):
         return be.vector(total)
 
 
+def mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> QuantizedTensor:
+    """A matrix [N, 32 G] from OpenAI's MXFP4 blocks [N, G, 16] and e8m0 scales [N, G] (uint8),
+    as GGUF mxfp4 blocks: the same scale byte (value 2^(s - 127) times the e2m1 value, which
+    GGUF writes as 2^(s - 128) times the doubled value), and the codes reordered: OpenAI's byte
+    j holds weights 2j (low nibble) and 2j + 1, GGUF's weights j (low) and j + 16."""
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    rows, groups = blocks.shape[0], blocks.shape[1]
+    codes = np.empty((rows, groups, 32), np.uint8)
+    codes[..., 0::2] = blocks & 0x0F
+    codes[..., 1::2] = blocks >> 4
+    data = np.empty((rows, groups, 17), np.uint8)
+    data[..., 0] = np.asarray(scales, dtype=np.uint8)
+    data[..., 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+    return QuantizedTensor("mxfp4", data.reshape(rows, groups * 17), (rows, groups * 32))
+
+
+def _mxfp4_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
+                   ) -> list[tuple[Any, Any]]:
+    """(gate then up rows [2I, H], down [H, I]) of each expert, as GGUF mxfp4 blocks."""
+    for size, name in ((hidden, "hidden_size"), (inner, "intermediate_size")):
+        if size % 32:
+            raise WeightError(f"{reader.source}: MXFP4 experts need a {name} that is a multiple "
+                              f"of 32, got {size}")
+    name = f"{prefix}gate_up_proj"
+    gate_up = (reader.get(name + "_blocks", (count, 2 * inner, hidden // 32, 16)),
+               reader.get(name + "_scales", (count, 2 * inner, hidden // 32)))
+    name = f"{prefix}down_proj"
+    down = (reader.get(name + "_blocks", (count, hidden, inner // 32, 16)),
+            reader.get(name + "_scales", (count, hidden, inner // 32)))
+    order = np.concatenate([np.arange(0, 2 * inner, 2), np.arange(1, 2 * inner, 2)])
+    return [(mxfp4_rows(np.asarray(gate_up[0][e])[order], np.asarray(gate_up[1][e])[order]),
+             mxfp4_rows(down[0][e], down[1][e])) for e in range(count)]
+
+
+def _dense_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
+                   ) -> list[tuple[Any, Any]]:
+    """(gate then up rows [2I, H], down [H, I]) of each expert, float32."""
+    gate_up = reader.array(f"{prefix}gate_up_proj", (count, hidden, 2 * inner))
+    down = reader.array(f"{prefix}down_proj", (count, inner, hidden))
+    return [(np.ascontiguousarray(np.concatenate([gate_up[e].T[0::2], gate_up[e].T[1::2]])),
+             np.ascontiguousarray(down[e].T)) for e in range(count)]
+
+
 def load_clamped_experts(be: Backend, reader: TensorReader, prefix: str, count: int,
                          hidden: int, inner: int, alpha: float, limit: float
                          ) -> list[ClampedSwiGLUExpert]:
-    """The experts under `prefix` (Hugging Face's fused, transposed layout)."""
-    if reader.has(f"{prefix}gate_up_proj_blocks"):
-        raise WeightError(f"{reader.source}: the experts under {prefix!r} are stored as MXFP4 "
-                          "blocks, which this loader does not read; use a bfloat16 or float32 "
-                          "copy of the checkpoint")
-    gate_up = reader.array(f"{prefix}gate_up_proj", (count, hidden, 2 * inner))
+    """The experts under `prefix`: Hugging Face's fused, transposed layout, or OpenAI's MXFP4
+    blocks (`gate_up_proj_blocks` / `_scales` [E, 2I, H / 32, (16)], `down_proj_blocks` /
+    `_scales` [E, H, I / 32, (16)]), kept as GGUF mxfp4 blocks."""
+    mxfp4 = reader.has(f"{prefix}gate_up_proj_blocks")
+    weights = (_mxfp4_experts if mxfp4 else _dense_experts)(reader, prefix, count, hidden,
+                                                             inner)
     gate_up_bias = reader.array(f"{prefix}gate_up_proj_bias", (count, 2 * inner))
-    down = reader.array(f"{prefix}down_proj", (count, inner, hidden))
     down_bias = reader.array(f"{prefix}down_proj_bias", (count, hidden))
-    experts = []
-    for e in range(count):
-        rows = gate_up[e].T  # [2I, H], gate and up interleaved
-        bias = gate_up_bias[e]
-        experts.append(ClampedSwiGLUExpert(
-            gate_up=be.matrix(np.ascontiguousarray(np.concatenate([rows[0::2], rows[1::2]]))),
-            gate_up_bias=be.vector(np.concatenate([bias[0::2], bias[1::2]])),
-            down=be.matrix(np.ascontiguousarray(down[e].T)), down_bias=be.vector(down_bias[e]),
-            alpha=alpha, limit=limit))
-    return experts
+    return [ClampedSwiGLUExpert(
+        gate_up=be.matrix(gate_up), down=be.matrix(down),
+        gate_up_bias=be.vector(np.concatenate([gate_up_bias[e][0::2], gate_up_bias[e][1::2]])),
+        down_bias=be.vector(down_bias[e]), alpha=alpha, limit=limit)
+        for e, (gate_up, down) in enumerate(weights)]

@@ -8,6 +8,7 @@ bits)."""
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 
 import numpy as np
@@ -156,10 +157,7 @@ def test_drafted_equals_serial_at_temperature_0_8(target):
 
 def test_negative_control_drafted_differs_with_a_plain_sink_scale(target, monkeypatch):
     monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
-    check = every_family(target, False, temperatures=(0.8,), seeds=range(2))
-    assert check.row_mismatches
-    with pytest.raises(AssertionError):
-        check.assert_exact()
+    every_family(target, False, temperatures=(0.8,), seeds=range(2)).assert_caught()
 
 
 def test_token_trees_are_refused(target):
@@ -191,20 +189,98 @@ def test_config_defaults_and_refusals():
             config_from_hf({**base_config(), **change}, "config.json")
 
 
-def test_mxfp4_experts_are_refused_by_name(folder, tmp_path):
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0,
+                 -4.0, -6.0])
+
+
+def openai_mxfp4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A [..., N, K] matrix as OpenAI's MXFP4 blocks [..., N, K / 32, 16] (byte j: weight 2j in
+    the low nibble, 2j + 1 in the high one) and e8m0 scales [..., N, K / 32]."""
+    groups = weight.reshape(*weight.shape[:-1], -1, 32).astype(np.float64)
+    top = np.maximum(np.abs(groups).max(axis=-1), 1e-30)
+    scales = np.clip(np.floor(np.log2(top)) - 2 + 127, 1, 254).astype(np.uint8)
+    scaled = groups / np.exp2(scales.astype(np.float64) - 127)[..., None]
+    codes = np.abs(scaled[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
+    return (np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4)),
+            np.ascontiguousarray(scales))
+
+
+def mxfp4_copies(folder: str, destination) -> tuple[str, str]:
+    """(a copy with every expert in MXFP4 blocks, a float32 copy of the same values as
+    transformers dequantizes them)."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from tests.hybrid_checkpoints import edit_tensors
+
+    packed = shutil.copytree(folder, destination / "mxfp4")
+    dense = shutil.copytree(folder, destination / "dense")
+    blocks_of = {}
+
+    def to_blocks(tensors: dict) -> None:
+        for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
+            stored = tensors.pop(name)  # [E, K, N]
+            blocks, scales = openai_mxfp4(np.swapaxes(stored, 1, 2))
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+            blocks_of[name] = (blocks, scales)
+
+    def to_dense(tensors: dict) -> None:
+        for name, (blocks, scales) in blocks_of.items():
+            tensors[name] = convert_moe_packed_tensors(
+                torch.from_numpy(blocks), torch.from_numpy(scales),
+                dtype=torch.float32).numpy()
+
+    edit_tensors(str(packed), to_blocks)
+    config_path = packed / "config.json"  # as OpenAI's checkpoints say it
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    config_path.write_text(json.dumps(config))
+    edit_tensors(str(dense), to_dense)
+    return str(packed), str(dense)
+
+
+def test_mxfp4_experts_load_to_the_bits_of_their_dequantized_values(folder, tmp_path,
+                                                                   monkeypatch):
+    """OpenAI's MXFP4 experts, kept as GGUF mxfp4 blocks, give the logits of the float32
+    values transformers dequantizes them to, bit for bit (the values are exact); the control
+    that copies OpenAI's nibble order unchanged does not."""
+    from exactdraft.models import clamped_experts
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    packed, dense = mxfp4_copies(folder, tmp_path)
+    tokens = probe_tokens(40, 128, salt=5)
+
+    def logits(path: str) -> np.ndarray:
+        target = build_target(load_checkpoint(path), "torch")
+        return target.forward(target.new_state(), tokens, rows="all")
+
+    reference = logits(dense)
+    assert logits(packed).tobytes() == reference.tobytes()
+    scale = np.abs(reference).max()
+    assert np.abs(reference - hf_logits(dense, tuple(tokens))).max() / scale < 2e-5
+
+    def nibbles_as_stored(blocks, scales):
+        blocks = np.asarray(blocks, dtype=np.uint8)
+        data = np.concatenate([np.asarray(scales, dtype=np.uint8)[..., None], blocks], axis=-1)
+        rows, groups = blocks.shape[:2]
+        return clamped_experts.QuantizedTensor("mxfp4", data.reshape(rows, groups * 17),
+                                               (rows, groups * 32))
+
+    monkeypatch.setattr(clamped_experts, "mxfp4_rows", nibbles_as_stored)
+    assert logits(packed).tobytes() != reference.tobytes()
+
+
+def test_mxfp4_experts_need_whole_blocks(folder, tmp_path):
     from exactdraft.pretrained import build_target, load_checkpoint
     from tests.hybrid_checkpoints import edit_tensors
 
-    copy = shutil.copytree(folder, tmp_path / "mxfp4")
-
-    def as_blocks(tensors: dict) -> None:
-        name = "model.layers.0.mlp.experts.gate_up_proj"
-        tensors[name + "_blocks"] = np.zeros((4, 64, 2, 16), np.uint8)
-        del tensors[name]
-
-    edit_tensors(str(copy), as_blocks)
-    with pytest.raises(WeightError, match="MXFP4"):
-        build_target(load_checkpoint(str(copy)), "torch")
+    packed, _ = mxfp4_copies(folder, tmp_path)
+    edit_tensors(packed, lambda t: t.update({
+        "model.layers.0.mlp.experts.down_proj_scales": np.zeros((4, 64, 2), np.uint8)}))
+    with pytest.raises(WeightError, match="down_proj_scales"):
+        build_target(load_checkpoint(packed), "torch")
 
 
 def test_the_padded_torch_backend_keeps_the_sinks_and_the_bits(folder):

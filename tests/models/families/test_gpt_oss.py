@@ -19,7 +19,8 @@ from exactdraft.guard import probe_tokens
 from exactdraft.models import attention_sinks
 from exactdraft.models.attention_sinks import SinkAttention
 from exactdraft.models.families.gpt_oss import config_from_hf
-from tests.test_generator import every_family
+from tests.exactness import ExactnessCheck
+from tests.test_generator import every_family, oracle_drafts
 
 SETTINGS = dict(
     model_type="gpt_oss", num_attention_heads=9, num_key_value_heads=3, head_dim=16,
@@ -28,6 +29,7 @@ SETTINGS = dict(
     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                      "original_max_position_embeddings": 32})
+PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 12, 5, 6, 7, 8, 9]  # past the sliding window
 LENGTH = 70  # past the sliding window and the sink sum's first block of keys
 
 
@@ -151,13 +153,28 @@ def test_negative_control_a_plain_sink_scale_breaks_the_bits(target, folder,
     assert verify_and_chunk_mismatches(target)
 
 
+def drafted_runs(target, guard: bool) -> ExactnessCheck:
+    """Drafted against serial at temperature 0.8: every drafter of every_family, and oracle
+    drafts (the serial continuation with some tokens wrong) at depths 2, 4 and 6, so that
+    multi-row passes keep and reject drafts whatever the tiny model's own acceptance."""
+    check = every_family(target, guard, temperatures=(0.8,), seeds=range(2))
+    for depth in (2, 4, 6):
+        part, _ = oracle_drafts(target, guard, 0.8, 0, 1.0, 0.0, 1.0, 0.0, 0.0, seed=depth,
+                                depth=depth, error_rate=0.3, prompt=PROMPT, max_new=24)
+        check.flagged_runs |= {check.runs + run for run in part.flagged_runs}
+        for name in ("runs", "drafted", "accepted", "token_mismatches", "row_mismatches",
+                     "drafting_off"):
+            setattr(check, name, getattr(check, name) + getattr(part, name))
+    return check
+
+
 def test_drafted_equals_serial_at_temperature_0_8(target):
-    every_family(target, True, temperatures=(0.8,), seeds=range(2)).assert_exact()
+    drafted_runs(target, True).assert_exact(min_accepted=10, some_rejected=True)
 
 
 def test_negative_control_drafted_differs_with_a_plain_sink_scale(target, monkeypatch):
     monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
-    every_family(target, False, temperatures=(0.8,), seeds=range(2)).assert_caught()
+    drafted_runs(target, False).assert_caught(min_fraction=0.3)
 
 
 def test_token_trees_are_refused(target):

@@ -24,7 +24,7 @@ import numpy as np
 
 from exactdraft.backends.base import Backend
 from exactdraft.errors import WeightError
-from exactdraft.formats.table import QuantizedTensor
+from exactdraft.formats.table import QuantizedTensor, stack_rows
 from exactdraft.models.mixers import PassContext
 from exactdraft.models.moe import MoEBlock, route
 from exactdraft.models.recurrent import F32, sigmoid32
@@ -81,9 +81,20 @@ def mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("mxfp4", data.reshape(rows, groups * 17), (rows, groups * 32))
 
 
+def _fused_biases(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(gate then up bias [2I], down bias [H]) of each expert, from the fused, interleaved
+    Hugging Face biases."""
+    gate_up = reader.array(f"{prefix}gate_up_proj_bias", (count, 2 * inner))
+    down = reader.array(f"{prefix}down_proj_bias", (count, hidden))
+    return [(np.concatenate([gate_up[e][0::2], gate_up[e][1::2]]), down[e])
+            for e in range(count)]
+
+
 def _mxfp4_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
-                   ) -> list[tuple[Any, Any]]:
-    """(gate then up rows [2I, H], down [H, I]) of each expert, as GGUF mxfp4 blocks."""
+                   ) -> list[tuple[Any, Any, Any, Any]]:
+    """(gate then up rows [2I, H], their bias, down [H, I], its bias) of each expert, the
+    matrices as GGUF mxfp4 blocks."""
     for size, name in ((hidden, "hidden_size"), (inner, "intermediate_size")):
         if size % 32:
             raise WeightError(f"{reader.source}: MXFP4 experts need a {name} that is a multiple "
@@ -95,32 +106,52 @@ def _mxfp4_experts(reader: TensorReader, prefix: str, count: int, hidden: int, i
     down = (reader.get(name + "_blocks", (count, hidden, inner // 32, 16)),
             reader.get(name + "_scales", (count, hidden, inner // 32)))
     order = np.concatenate([np.arange(0, 2 * inner, 2), np.arange(1, 2 * inner, 2)])
+    biases = _fused_biases(reader, prefix, count, hidden, inner)
     return [(mxfp4_rows(np.asarray(gate_up[0][e])[order], np.asarray(gate_up[1][e])[order]),
-             mxfp4_rows(down[0][e], down[1][e])) for e in range(count)]
+             biases[e][0], mxfp4_rows(down[0][e], down[1][e]), biases[e][1])
+            for e in range(count)]
 
 
 def _dense_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
-                   ) -> list[tuple[Any, Any]]:
-    """(gate then up rows [2I, H], down [H, I]) of each expert, float32."""
+                   ) -> list[tuple[Any, Any, Any, Any]]:
+    """(gate then up rows [2I, H], their bias, down [H, I], its bias) of each expert, float32."""
     gate_up = reader.array(f"{prefix}gate_up_proj", (count, hidden, 2 * inner))
     down = reader.array(f"{prefix}down_proj", (count, inner, hidden))
+    biases = _fused_biases(reader, prefix, count, hidden, inner)
     return [(np.ascontiguousarray(np.concatenate([gate_up[e].T[0::2], gate_up[e].T[1::2]])),
-             np.ascontiguousarray(down[e].T)) for e in range(count)]
+             biases[e][0], np.ascontiguousarray(down[e].T), biases[e][1])
+            for e in range(count)]
+
+
+def _separate_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
+                      ) -> list[tuple[Any, Any, Any, Any]]:
+    """The same from one expert at a time (`{prefix}{e}.gate_proj.weight`, `.bias`, and so on
+    for up and down; GGUF files' stacks, sliced), the matrices as stored."""
+    experts = []
+    for e in range(count):
+        name = f"{prefix}{e}."
+        gate, up = (reader.get(f"{name}{kind}_proj.weight", (inner, hidden))
+                    for kind in ("gate", "up"))
+        experts.append((stack_rows([gate, up]), np.concatenate([
+            reader.array(f"{name}{kind}_proj.bias", (inner,)) for kind in ("gate", "up")]),
+            reader.get(f"{name}down_proj.weight", (hidden, inner)),
+            reader.array(f"{name}down_proj.bias", (hidden,))))
+    return experts
 
 
 def load_clamped_experts(be: Backend, reader: TensorReader, prefix: str, count: int,
                          hidden: int, inner: int, alpha: float, limit: float
                          ) -> list[ClampedSwiGLUExpert]:
-    """The experts under `prefix`: Hugging Face's fused, transposed layout, or OpenAI's MXFP4
+    """The experts under `prefix`: Hugging Face's fused, transposed layout, OpenAI's MXFP4
     blocks (`gate_up_proj_blocks` / `_scales` [E, 2I, H / 32, (16)], `down_proj_blocks` /
-    `_scales` [E, H, I / 32, (16)]), kept as GGUF mxfp4 blocks."""
-    mxfp4 = reader.has(f"{prefix}gate_up_proj_blocks")
-    weights = (_mxfp4_experts if mxfp4 else _dense_experts)(reader, prefix, count, hidden,
-                                                             inner)
-    gate_up_bias = reader.array(f"{prefix}gate_up_proj_bias", (count, 2 * inner))
-    down_bias = reader.array(f"{prefix}down_proj_bias", (count, hidden))
+    `_scales` [E, H, I / 32, (16)]), kept as GGUF mxfp4 blocks, or one expert at a time."""
+    if reader.has(f"{prefix}gate_up_proj_blocks"):
+        load = _mxfp4_experts
+    elif reader.has(f"{prefix}0.gate_proj.weight"):
+        load = _separate_experts
+    else:
+        load = _dense_experts
     return [ClampedSwiGLUExpert(
-        gate_up=be.matrix(gate_up), down=be.matrix(down),
-        gate_up_bias=be.vector(np.concatenate([gate_up_bias[e][0::2], gate_up_bias[e][1::2]])),
-        down_bias=be.vector(down_bias[e]), alpha=alpha, limit=limit)
-        for e, (gate_up, down) in enumerate(weights)]
+        gate_up=be.matrix(gate_up), gate_up_bias=be.vector(gate_up_bias), down=be.matrix(down),
+        down_bias=be.vector(down_bias), alpha=alpha, limit=limit)
+        for gate_up, gate_up_bias, down, down_bias in load(reader, prefix, count, hidden, inner)]

@@ -41,9 +41,9 @@ def yarn_from_parameters(reader: ConfigReader) -> YarnScaling:
     if attention_factor is None:
         mscale, mscale_all_dim = reader.float("mscale", None), reader.float("mscale_all_dim", None)
         if mscale and mscale_all_dim:
-            attention_factor = _mscale(factor, mscale) / _mscale(factor, mscale_all_dim)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = _mscale(factor, 1.0)
+            attention_factor = yarn_mscale(factor, 1.0)
     return YarnScaling(
         factor=factor,
         original_max_position_embeddings=reader.int("original_max_position_embeddings"),
@@ -51,7 +51,7 @@ def yarn_from_parameters(reader: ConfigReader) -> YarnScaling:
         truncate=reader.bool("truncate", True), attention_factor=attention_factor)
 
 
-def _mscale(factor: float, mscale: float) -> float:
+def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 

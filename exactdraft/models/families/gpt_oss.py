@@ -7,6 +7,10 @@ query head (models/attention_sinks.py), sliding-window and full layers as `layer
 (alternating, sliding first, when it says nothing), YaRN rope with its attention factor on
 cos and sin (models/yarn_rope.py), and experts with a biased router, top-k over the softmax of
 the chosen logits and a clamped SwiGLU with biases (models/clamped_experts.py).
+
+GGUF files: llama.cpp's `gpt-oss` architecture (`attn_sinks`, `post_attention_norm`, the
+router's `ffn_gate_inp` weight and bias, experts stacked [E, rows, K] with their biases [E,
+rows], gate and up apart; MXFP4 experts stay in their blocks), with llama.cpp's settings.
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ from exactdraft.models.clamped_experts import BiasedRouterMoE, load_clamped_expe
 from exactdraft.models.config import ConfigReader
 from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
 from exactdraft.models.families.registry import Family
+from exactdraft.models.gguf_names import (
+    GGUF_ATTENTION,
+    GGUFRenamed,
+    Part,
+    gguf_head_dim,
+    gguf_reader,
+    gguf_special_tokens,
+)
 from exactdraft.models.layer import Layer
 from exactdraft.models.mixers import load_attention, norm_vector
 from exactdraft.models.moe import RouterSettings
@@ -31,6 +43,7 @@ from exactdraft.models.yarn_rope import (
     YarnScaling,
     yarn_frequencies,
     yarn_from_parameters,
+    yarn_mscale,
 )
 
 
@@ -61,13 +74,9 @@ class GptOssConfig:
 
 def config_from_hf(raw: Mapping[str, Any], source: str) -> GptOssConfig:
     reader = ConfigReader(raw, source)
-    hidden = reader.int("hidden_size")
-    heads = reader.int("num_attention_heads")
-    layers = reader.int("num_hidden_layers")
-    experts = reader.int("num_local_experts")
-    top_k = reader.int("num_experts_per_tok")
-    if top_k > experts:
-        raise reader.fail("num_experts_per_tok", f"({top_k}) exceeds the {experts} experts")
+    hidden, heads, layers, experts, top_k = _sizes(reader, (
+        "hidden_size", "num_attention_heads", "num_hidden_layers", "num_local_experts",
+        "num_experts_per_tok"))
     kv_heads = reader.int("num_key_value_heads", heads)
     if heads % kv_heads:
         raise reader.fail("num_attention_heads", f"({heads}) is not a multiple of the "
@@ -85,6 +94,14 @@ def config_from_hf(raw: Mapping[str, Any], source: str) -> GptOssConfig:
         num_experts=experts, top_k=top_k, expert_size=reader.int("intermediate_size"),
         swiglu_alpha=reader.float("swiglu_alpha", 1.702),
         swiglu_limit=reader.float("swiglu_limit", 7.0))
+
+
+def _sizes(reader: ConfigReader, keys: tuple[str, ...]) -> tuple[int, ...]:
+    """(hidden, heads, layers, experts, top-k) under the file's keys, the top-k checked."""
+    hidden, heads, layers, experts, top_k = (reader.int(key) for key in keys)
+    if top_k > experts:
+        raise reader.fail(keys[-1], f"({top_k}) exceeds the {experts} experts")
+    return hidden, heads, layers, experts, top_k
 
 
 def _windows(reader: ConfigReader, layers: int) -> tuple[int, ...]:
@@ -164,20 +181,69 @@ def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
     return DecoderModel(trunk, be, max_context)
 
 
-def _no_gguf(*arguments: Any) -> Any:
-    from exactdraft.errors import GGUFError
+GGUF_ARCHITECTURE = "gpt-oss"
+GGUF_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+GGUF_PARTS = {
+    **GGUF_ATTENTION,
+    "attn_sinks.weight": Part("self_attn.sinks"),
+    "post_attention_norm.weight": Part("post_attention_layernorm.weight"),
+    "ffn_gate_inp.weight": Part("mlp.router.weight"),
+    "ffn_gate_inp.bias": Part("mlp.router.bias"),
+    **{f"ffn_{kind}_exps.{what}": Part(f"mlp.experts.{{e}}.{kind}_proj.{what}")
+       for kind in ("gate", "up", "down") for what in ("weight", "bias")},
+}
 
-    raise GGUFError("GGUF files of the gpt-oss architecture are not supported yet")
+
+def config_from_gguf(fields: Mapping[str, Any], tensors: Mapping[str, Any],
+                     source: str) -> GptOssConfig:
+    """llama.cpp's gpt-oss metadata, read as llama.cpp reads it: even layers slide, YaRN's
+    ramp bounds are rounded outwards (floor and ceil), alpha and limit are 1.702 and 7."""
+    reader = gguf_reader(fields, tensors, source, GGUF_ARCHITECTURE)
+    hidden, heads, layers, experts, top_k = _sizes(reader, (
+        "embedding_length", "attention.head_count", "block_count", "expert_count",
+        "expert_used_count"))
+    window = reader.int("attention.sliding_window", 0, minimum=0)
+    kind = reader.value("rope.scaling.type", None)
+    yarn = None
+    if kind == "yarn":
+        factor = reader.float("rope.scaling.factor")
+        yarn = YarnScaling(factor, reader.int("rope.scaling.original_context_length"),
+                           beta_fast=reader.float("rope.scaling.yarn_beta_fast", 32.0),
+                           beta_slow=reader.float("rope.scaling.yarn_beta_slow", 1.0),
+                           truncate=True, attention_factor=yarn_mscale(factor, 1.0))
+    elif kind not in (None, "none"):
+        raise reader.fail("rope.scaling.type", f"{kind!r} is not supported; supported: yarn")
+    return GptOssConfig(
+        model_type="gpt_oss", source=source,
+        vocab_size=int(tensors.shape("token_embd.weight")[0]), hidden_size=hidden,
+        num_layers=layers, num_heads=heads,
+        num_kv_heads=reader.int("attention.head_count_kv", heads),
+        head_dim=gguf_head_dim(reader, hidden, heads),
+        rms_norm_eps=reader.float("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=reader.float("rope.freq_base", 150000.0), yarn=yarn,
+        max_position_embeddings=reader.int("context_length", 131072),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        sliding_windows=tuple(window if i % 2 == 0 else 0 for i in range(layers)),
+        eos_token_ids=gguf_special_tokens(fields, source)["eos_token_ids"],
+        num_experts=experts, top_k=top_k,
+        expert_size=reader.int("expert_feed_forward_length"), swiglu_alpha=1.702,
+        swiglu_limit=7.0)
+
+
+def gguf_tensors(config: GptOssConfig, tensors: Mapping[str, Any], source: str) -> GGUFRenamed:
+    return GGUFRenamed(tensors, source, GGUF_NAMES, GGUF_PARTS, lambda i: f"model.layers.{i}.")
 
 
 FAMILY = Family(
     name="gpt_oss",
     model_types=("gpt_oss",),
-    gguf_architectures=(),
+    gguf_architectures=(GGUF_ARCHITECTURE,),
     config_from_hf=config_from_hf,
-    config_from_gguf=_no_gguf,
+    config_from_gguf=config_from_gguf,
     hf_tensors=lambda config, tensors: tensors,
-    gguf_tensors=_no_gguf,
+    gguf_tensors=gguf_tensors,
     build=build,
     # Every matrix by output columns (experts too), attention with every head on every rank:
     # the sinks then scale whole heads as at TP=1.

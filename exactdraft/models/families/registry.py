@@ -63,6 +63,7 @@ _BUILTIN_MODULES = {
     "nemotron_h": "exactdraft.models.families.nemotron_h",
     "nemotron_h_moe": "exactdraft.models.families.nemotron_h",
     "gpt_oss": "exactdraft.models.families.gpt_oss",
+    "gpt-oss": "exactdraft.models.families.gpt_oss",
 }
 _REGISTERED: list[Family] = []
 

@@ -14,6 +14,11 @@ attended rows in float64 and rounded once.
 
 Token trees are refused (the family declares none): a tree row's keys are not in position order
 in the cache.
+
+Cost: Z recomputes every score on the host, O(rows x visible keys x heads x head dim) float64
+work per layer (measured on the 2-core x86 machine: about 30 to 100 ms per row of a layer with
+2048 visible keys and 64 heads of 64, 1 to 10 ms with a 128-key window), which dominates long
+prefills; a backend attention that also returned each row's log-sum-exp would remove it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,27 @@ from exactdraft.models.mixers import AttentionMixer, PassContext
 from exactdraft.models.recurrent import F32, tree_sum
 
 BLOCK = 64  # keys per block of the host sum, aligned to absolute positions
-ELEMENTS_PER_GROUP = 1 << 21  # float64 products held at once (rows are grouped to stay under)
+ELEMENTS_PER_GROUP = 1 << 20  # scores of a group of rows (rows are grouped to stay under)
+PRODUCTS = 1 << 18  # float64 products held at once
+
+
+def head_scores(q: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
+    """scale * q . k in float64, [M, Hq, L], for q [M, Hq, D] and keys [Hkv, L, D]: each a
+    tree_sum of the exact float64 products over the head dimension (laid out first, so each
+    step of the tree adds whole slabs), a few keys at a time (PRODUCTS products)."""
+    rows, heads, dim = q.shape
+    kv_heads, length = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    wide_q = np.asarray(q, dtype=np.float64).transpose(2, 0, 1).reshape(
+        dim, rows, kv_heads, group, 1)
+    wide_keys = np.ascontiguousarray(np.asarray(keys, dtype=np.float64).transpose(2, 0, 1))[
+        :, None, :, None, :]
+    scores = np.empty((rows, kv_heads, group, length), np.float64)
+    step = max(1, PRODUCTS // (dim * rows * heads))
+    for start in range(0, length, step):
+        products = wide_q * wide_keys[..., start:start + step]
+        scores[..., start:start + step] = tree_sum(products, 0)
+    return scores.reshape(rows, heads, length) * scale
 
 
 def sink_scales(q: np.ndarray, keys: np.ndarray, first_key: int, positions: np.ndarray,
@@ -39,21 +64,18 @@ def sink_scales(q: np.ndarray, keys: np.ndarray, first_key: int, positions: np.n
     """Z / (Z + exp(sink - m)) per row and head, float64 [M, Hq], for queries q [M, Hq, D] at
     `positions` over keys [Hkv, L, D] holding positions first_key.. (first_key a multiple of
     BLOCK and L a multiple of BLOCK, past the last position any row sees)."""
-    rows, heads, dim = q.shape
-    kv_heads, length = keys.shape[0], keys.shape[1]
-    group = heads // kv_heads
+    rows, heads = q.shape[0], q.shape[1]
+    length = keys.shape[1]
     key_positions = first_key + np.arange(length)
     visible = key_positions[None, :] <= positions[:, None]
     if window > 0:
         visible &= positions[:, None] - key_positions[None, :] < window
-    wide_keys = np.repeat(np.asarray(keys, dtype=np.float64), group, axis=0)  # [Hq, L, D]
     sink = np.asarray(sinks, dtype=np.float64)
     out = np.empty((rows, heads), np.float64)
-    step = max(1, ELEMENTS_PER_GROUP // max(1, heads * length * dim))
+    step = max(1, ELEMENTS_PER_GROUP // max(1, heads * length))
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
-        wide_q = np.asarray(q[begin:end], dtype=np.float64)[:, :, None, :]
-        scores = tree_sum(wide_q * wide_keys[None], -1) * scale  # [m, Hq, L]
+        scores = head_scores(q[begin:end], keys, scale)  # [m, Hq, L]
         seen = visible[begin:end, None, :]
         top = np.maximum(np.where(seen, scores, -np.inf).max(axis=-1), sink[None, :])
         terms = np.where(seen, float64_math.exp(np.where(seen, scores - top[..., None], 0.0)),

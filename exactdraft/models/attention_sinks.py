@@ -5,20 +5,21 @@ Invariant: a row's attended output has the bits it gets when its sequence runs a
 is computed by itself, on every backend. The keys' weighted sum is the backend's row invariant
 attention; the sink then scales it by Z / (Z + exp(sink - m)), Z = sum_j exp(s_j - m) over the
 row's visible keys and m the largest of those scores and the sink: the same softmax with the
-sink as one more logit, in another order. Z is computed on the host in float64 per row and head:
-each score s_j = scale * q . k_j is a tree_sum of float64 products over the head dimension; the
-exp(s_j - m) of keys aligned to absolute positions are added in fixed blocks of BLOCK keys
-(tree_sum, masked keys as exact zeros) and the blocks in position order, so neither the number
-of rows in the pass nor the cache length changes a row's Z. The scale is applied to the float32
-attended rows in float64 and rounded once.
+sink as one more logit, in another order. The scores q . k_j come from the backend's row
+invariant linear, the row's query times a block of BLOCK keys (aligned to absolute positions) as
+a matrix of a fixed shape; the rest is host float64 per row and head: s_j = scale * q . k_j,
+the exp(s_j - m) added in those blocks (tree_sum, masked keys as exact zeros) and the blocks in
+position order, so neither the number of rows in the pass nor the cache length changes a row's
+Z. The scale is applied to the float32 attended rows in float64 and rounded once.
 
 Token trees are refused (the family declares none): a tree row's keys are not in position order
 in the cache.
 
-Cost: Z recomputes every score on the host, O(rows x visible keys x heads x head dim) float64
-work per layer (measured on the 2-core x86 machine: about 30 to 100 ms per row of a layer with
-2048 visible keys and 64 heads of 64, 1 to 10 ms with a 128-key window), which dominates long
-prefills; a backend attention that also returned each row's log-sum-exp would remove it.
+Cost: every score is computed a second time (one small matmul per KV head and key block) and
+exp'd on the host in float64 (measured on the 2-core x86 machine, C backend, 64 heads of 64 and
+8 KV heads: 14 ms for one row over 2048 keys, 130 ms for 8 rows, 2.5 s for a 512-row prefill
+chunk over 512 keys, mostly the exp); a backend attention that also returned each row's
+log-sum-exp would remove it.
 """
 
 from __future__ import annotations
@@ -35,35 +36,35 @@ from exactdraft.models.blocks import RopeTable
 from exactdraft.models.mixers import AttentionMixer, PassContext
 from exactdraft.models.recurrent import F32, tree_sum
 
-BLOCK = 64  # keys per block of the host sum, aligned to absolute positions
-ELEMENTS_PER_GROUP = 1 << 20  # scores of a group of rows (rows are grouped to stay under)
-PRODUCTS = 1 << 18  # float64 products held at once
+BLOCK = 256  # keys per score matrix and per block of the sum, aligned to absolute positions
+ELEMENTS_PER_GROUP = 1 << 22  # scores of a group of rows (rows are grouped to stay under)
 
 
-def head_scores(q: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
-    """scale * q . k in float64, [M, Hq, L], for q [M, Hq, D] and keys [Hkv, L, D]: each a
-    tree_sum of the exact float64 products over the head dimension (laid out first, so each
-    step of the tree adds whole slabs), a few keys at a time (PRODUCTS products)."""
+def key_scores(be: Backend, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """q . k, float32 [M, Hq, L], for q [M, Hq, D] and keys [Hkv, L, D] (L a multiple of
+    BLOCK): per KV head, its query rows times each block of BLOCK keys as a matrix [BLOCK, D],
+    through the backend's row invariant linear (a fixed weight shape, so an element's bits
+    depend on its query row and key alone)."""
     rows, heads, dim = q.shape
     kv_heads, length = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
-    wide_q = np.asarray(q, dtype=np.float64).transpose(2, 0, 1).reshape(
-        dim, rows, kv_heads, group, 1)
-    wide_keys = np.ascontiguousarray(np.asarray(keys, dtype=np.float64).transpose(2, 0, 1))[
-        :, None, :, None, :]
-    scores = np.empty((rows, kv_heads, group, length), np.float64)
-    step = max(1, PRODUCTS // (dim * rows * heads))
-    for start in range(0, length, step):
-        products = wide_q * wide_keys[..., start:start + step]
-        scores[..., start:start + step] = tree_sum(products, 0)
-    return scores.reshape(rows, heads, length) * scale
+    grouped = q.reshape(rows, kv_heads, group, dim)
+    scores = np.empty((rows, kv_heads, group, length), F32)
+    for head in range(kv_heads):
+        x = be.vector(np.ascontiguousarray(grouped[:, head].reshape(rows * group, dim)))
+        for start in range(0, length, BLOCK):
+            block = be.matrix(np.ascontiguousarray(keys[head, start:start + BLOCK]))
+            scores[:, head, :, start:start + BLOCK] = be.to_host(be.linear(x, block)).reshape(
+                rows, group, BLOCK)
+    return scores.reshape(rows, heads, length)
 
 
-def sink_scales(q: np.ndarray, keys: np.ndarray, first_key: int, positions: np.ndarray,
-                window: int, scale: float, sinks: np.ndarray) -> np.ndarray:
+def sink_scales(be: Backend, q: np.ndarray, keys: np.ndarray, first_key: int,
+                positions: np.ndarray, window: int, scale: float, sinks: np.ndarray
+                ) -> np.ndarray:
     """Z / (Z + exp(sink - m)) per row and head, float64 [M, Hq], for queries q [M, Hq, D] at
-    `positions` over keys [Hkv, L, D] holding positions first_key.. (first_key a multiple of
-    BLOCK and L a multiple of BLOCK, past the last position any row sees)."""
+    `positions` over keys [Hkv, L, D] holding positions first_key.. (first_key and L multiples
+    of BLOCK, past the last position any row sees)."""
     rows, heads = q.shape[0], q.shape[1]
     length = keys.shape[1]
     key_positions = first_key + np.arange(length)
@@ -75,7 +76,7 @@ def sink_scales(q: np.ndarray, keys: np.ndarray, first_key: int, positions: np.n
     step = max(1, ELEMENTS_PER_GROUP // max(1, heads * length))
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
-        scores = head_scores(q[begin:end], keys, scale)  # [m, Hq, L]
+        scores = key_scores(be, q[begin:end], keys).astype(np.float64) * scale  # [m, Hq, L]
         seen = visible[begin:end, None, :]
         top = np.maximum(np.where(seen, scores, -np.inf).max(axis=-1), sink[None, :])
         terms = np.where(seen, float64_math.exp(np.where(seen, scores - top[..., None], 0.0)),
@@ -114,7 +115,7 @@ class _WithSinks:
         padded = np.zeros((span.shape[0], (last // BLOCK + 1) * BLOCK - first, span.shape[2]),
                           F32)
         padded[:, :span.shape[1]] = span
-        scales = sink_scales(be.to_host(q), padded, first, positions, window, scale,
+        scales = sink_scales(be, be.to_host(q), padded, first, positions, window, scale,
                              self._sinks)
         host = be.to_host(attended).astype(np.float64) * scales[..., None]
         return be.vector(host.astype(F32))

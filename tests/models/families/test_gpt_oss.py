@@ -131,7 +131,7 @@ def test_verify_window_and_chunked_prefill_are_bitwise(target):
     assert verify_and_chunk_mismatches(target) == []
 
 
-def plain_sink_scales(q, keys, first_key, positions, window, scale, sinks):
+def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sinks):
     """The sink's scale as the reference computes it, for the rows of the whole pass at once
     in float32 (one stabiliser per head): the same function, bits that follow the pass."""
     group = q.shape[1] // keys.shape[0]
@@ -310,3 +310,34 @@ def test_the_padded_torch_backend_keeps_the_sinks_and_the_bits(folder):
     assert type(padded.backend).__name__ == "TorchBackend"
     assert relative_error(padded, folder) < 2e-5
     assert verify_and_chunk_mismatches(padded) == []
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_sink_attention_across_key_blocks_matches_the_softmax_and_keeps_rows_alone(target,
+                                                                                 window):
+    """Rows over several blocks of keys (and a window starting inside one): each row's bits
+    equal its bits alone, and the rows equal softmax over [scores, sink] times the values in
+    float64, to float32 rounding."""
+    be, rng = target.backend, np.random.default_rng(window)
+    heads, kv_heads, dim, positions = 6, 2, 16, np.arange(700, 709)
+    sinks = rng.normal(size=heads).astype(np.float32) * 2
+    q = rng.normal(size=(positions.size, heads, dim)).astype(np.float32)
+    keys, values = (rng.normal(size=(kv_heads, 1024, dim)).astype(np.float32)
+                    for _ in range(2))
+    view = attention_sinks._WithSinks(be, sinks)
+
+    def attend(rows: slice) -> np.ndarray:
+        return be.to_host(view.attention(be.vector(q[rows]), be.vector(keys),
+                                         be.vector(values), positions[rows], window, 0.25))
+
+    together = attend(slice(None))
+    alone = np.concatenate([attend(slice(r, r + 1)) for r in range(positions.size)])
+    assert together.tobytes() == alone.tobytes()
+    for r, p in enumerate(positions):
+        first = max(0, p - window + 1) if window else 0
+        for h in range(heads):
+            k, v = keys[h // 3, first:p + 1], values[h // 3, first:p + 1]
+            logits = np.append(k.astype(np.float64) @ q[r, h] * 0.25, sinks[h])
+            weights = np.exp(logits - logits.max())
+            reference = weights[:-1] @ v / weights.sum()
+            assert np.abs(together[r, h] - reference).max() < 1e-5

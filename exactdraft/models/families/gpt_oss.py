@@ -177,7 +177,8 @@ def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
         kv_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
         digest=reader.digest, output_table=lambda: output, config=c,
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
-                             c.expert_size, c.rms_norm_eps, c.rope_theta))
+                             c.expert_size, c.rms_norm_eps, c.rope_theta),
+        kv_prefixes=True)  # a state is its KV cache alone
     return DecoderModel(trunk, be, max_context)
 
 

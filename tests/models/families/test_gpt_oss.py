@@ -131,6 +131,26 @@ def test_verify_window_and_chunked_prefill_are_bitwise(target):
     assert verify_and_chunk_mismatches(target) == []
 
 
+def test_an_imported_prefix_continues_with_the_bits_of_one_pass(target):
+    """A prefix's keys and values exported and imported into a new state (the exact prefix
+    cache) give the rows after it the bits of one pass over the whole text; the control
+    imports a prefix with one token changed and gets other bits."""
+    tokens = probe_tokens(LENGTH, target.vocab_size, salt=9)
+    whole = target.forward(target.new_state(), tokens, rows="all")
+
+    def continued(prefix: list[int]) -> bytes:
+        source = target.new_state()
+        target.forward(source, prefix)
+        imported = target.new_state()
+        target.import_kv(imported, *target.export_kv(source, 0, 40))
+        return target.forward(imported, tokens[40:], rows="all").tobytes()
+
+    assert continued(tokens[:40]) == whole[40:].tobytes()
+    changed = list(tokens[:40])
+    changed[35] = (changed[35] + 1) % target.vocab_size
+    assert continued(changed) != whole[40:].tobytes()
+
+
 def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sinks):
     """The sink's scale as the reference computes it, for the rows of the whole pass at once
     in float32 (one stabiliser per head): the same function, bits that follow the pass."""

@@ -12,8 +12,9 @@ the exp(s_j - m) added in those blocks (tree_sum, masked keys as exact zeros) an
 position order, so neither the number of rows in the pass nor the cache length changes a row's
 Z. The scale is applied to the float32 attended rows in float64 and rounded once.
 
-Token trees are refused (the family declares none): a tree row's keys are not in position order
-in the cache.
+Token trees: a tree row reads, at each depth past the root, the key of its ancestor there (the
+backend's tree attention); its scores are taken from those keys' columns, so the positions it
+adds up, and their order, are those of a serial step over its path.
 
 Cost: every score is computed a second time (one small matmul per KV head and key block) and
 exp'd on the host in float64 (measured on the 2-core x86 machine, C backend, 64 heads of 64 and
@@ -31,7 +32,6 @@ import numpy as np
 
 from exactdraft import float64_math
 from exactdraft.backends.base import Backend
-from exactdraft.errors import BackendError
 from exactdraft.models.blocks import RopeTable
 from exactdraft.models.mixers import AttentionMixer, PassContext
 from exactdraft.models.recurrent import F32, tree_sum
@@ -60,11 +60,12 @@ def key_scores(be: Backend, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 
 def sink_scales(be: Backend, q: np.ndarray, keys: np.ndarray, first_key: int,
-                positions: np.ndarray, window: int, scale: float, sinks: np.ndarray
-                ) -> np.ndarray:
+                positions: np.ndarray, window: int, scale: float, sinks: np.ndarray,
+                columns: np.ndarray | None = None) -> np.ndarray:
     """Z / (Z + exp(sink - m)) per row and head, float64 [M, Hq], for queries q [M, Hq, D] at
-    `positions` over keys [Hkv, L, D] holding positions first_key.. (first_key and L multiples
-    of BLOCK, past the last position any row sees)."""
+    `positions` over keys [Hkv, L, D] in slots first_key.. (first_key and L multiples of
+    BLOCK, past the last slot any row reads). Position first_key + i of row r is the key in
+    column columns[r, i] (default: column i, each position in its own slot)."""
     rows, heads = q.shape[0], q.shape[1]
     length = keys.shape[1]
     key_positions = first_key + np.arange(length)
@@ -76,7 +77,10 @@ def sink_scales(be: Backend, q: np.ndarray, keys: np.ndarray, first_key: int,
     step = max(1, ELEMENTS_PER_GROUP // max(1, heads * length))
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
-        scores = key_scores(be, q[begin:end], keys).astype(np.float64) * scale  # [m, Hq, L]
+        scores = key_scores(be, q[begin:end], keys)  # [m, Hq, L] by column
+        if columns is not None:
+            scores = np.take_along_axis(scores, columns[begin:end, None, :], axis=-1)
+        scores = scores.astype(np.float64) * scale  # by position
         seen = visible[begin:end, None, :]
         top = np.maximum(np.where(seen, scores, -np.inf).max(axis=-1), sink[None, :])
         terms = np.where(seen, float64_math.exp(np.where(seen, scores - top[..., None], 0.0)),
@@ -86,6 +90,19 @@ def sink_scales(be: Backend, q: np.ndarray, keys: np.ndarray, first_key: int,
             total = total + tree_sum(terms[..., block:block + BLOCK], -1)
         out[begin:end] = total / (total + float64_math.exp(sink[None, :] - top))
     return out
+
+
+def tree_columns(positions: np.ndarray, tree_paths: np.ndarray, first: int, length: int
+                 ) -> np.ndarray:
+    """[M, length]: for each tree row and position first + i, the column (slot - first) of the
+    key it reads there: its own slot before the root, then the slot of its ancestor at each
+    depth (tree_paths[r, d], a row of the tree, whose slot is root + that row)."""
+    base = int(positions[0])
+    columns = np.tile(np.arange(length, dtype=np.int64), (positions.size, 1))
+    for row, position in enumerate(positions):
+        depths = np.arange(int(position) - base + 1)
+        columns[row, base + depths - first] = base + tree_paths[row, depths] - first
+    return columns
 
 
 class _WithSinks:
@@ -101,13 +118,13 @@ class _WithSinks:
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray, window: int,
                   scale: float, tree_paths: np.ndarray | None = None) -> Any:
-        if tree_paths is not None:
-            raise BackendError("attention with sinks does not verify token trees; verify a "
-                               "chain")
         be = self._backend
-        attended = be.attention(q, keys, values, positions, window, scale)
+        tree = {} if tree_paths is None else {"tree_paths": tree_paths}
+        attended = be.attention(q, keys, values, positions, window, scale, **tree)
         positions = np.asarray(positions, dtype=np.int64)
-        last = int(positions.max())
+        # The last slot read: a tree's rows sit in the slots after its root.
+        last = int(positions.max()) if tree_paths is None else \
+            max(int(positions.max()), int(positions[0]) + len(positions) - 1)
         first = int(positions.min()) - window + 1 if window > 0 else 0
         first = max(0, first) // BLOCK * BLOCK
         end = min((last // BLOCK + 1) * BLOCK, keys.shape[1])
@@ -115,8 +132,10 @@ class _WithSinks:
         padded = np.zeros((span.shape[0], (last // BLOCK + 1) * BLOCK - first, span.shape[2]),
                           F32)
         padded[:, :span.shape[1]] = span
+        columns = None if tree_paths is None else \
+            tree_columns(positions, np.asarray(tree_paths), first, padded.shape[1])
         scales = sink_scales(be, be.to_host(q), padded, first, positions, window, scale,
-                             self._sinks)
+                             self._sinks, columns)
         host = be.to_host(attended).astype(np.float64) * scales[..., None]
         return be.vector(host.astype(F32))
 

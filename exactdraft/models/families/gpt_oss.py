@@ -178,7 +178,7 @@ def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
         digest=reader.digest, output_table=lambda: output, config=c,
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                              c.expert_size, c.rms_norm_eps, c.rope_theta),
-        kv_prefixes=True)  # a state is its KV cache alone
+        kv_prefixes=True, verifies_trees=True)  # a state is its KV cache alone
     return DecoderModel(trunk, be, max_context)
 
 

@@ -3,7 +3,9 @@ YaRN rope, clamped experts): logits against transformers, with controls that lea
 the family's own parts; a verify window and chunked prefill bit for bit, and drafted output
 equal to serial output at temperature 0.8, each with a negative control whose sink scale is
 computed as the reference does it, for the whole pass in float32 (the same function, other
-bits)."""
+bits); token-tree rows equal serial steps over their paths (control: the sink summed over the
+tree's slots); an imported KV prefix continues with one pass's bits; OpenAI's MXFP4 experts;
+the padded torch backend; the sink across several key blocks against the softmax."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import shutil
 import numpy as np
 import pytest
 
-from exactdraft.errors import BackendError, ConfigError, WeightError
+from exactdraft.errors import ConfigError, WeightError
 from exactdraft.guard import probe_tokens
 from exactdraft.models import attention_sinks
-from exactdraft.models.attention_sinks import SinkAttention
 from exactdraft.models.families.gpt_oss import config_from_hf
 from tests.exactness import ExactnessCheck
+from tests.models.test_token_tree import SHAPES, path_to, serial_rows
 from tests.test_generator import every_family, oracle_drafts
 
 SETTINGS = dict(
@@ -151,7 +153,8 @@ def test_an_imported_prefix_continues_with_the_bits_of_one_pass(target):
     assert continued(changed) != whole[40:].tobytes()
 
 
-def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sinks):
+def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sinks,
+                      columns=None):
     """The sink's scale as the reference computes it, for the rows of the whole pass at once
     in float32 (one stabiliser per head): the same function, bits that follow the pass."""
     group = q.shape[1] // keys.shape[0]
@@ -197,15 +200,42 @@ def test_negative_control_drafted_differs_with_a_plain_sink_scale(target, monkey
     drafted_runs(target, False).assert_caught(min_fraction=0.3)
 
 
-def test_token_trees_are_refused(target):
-    mixer = target.layers[0].mixer
-    assert isinstance(mixer, SinkAttention) and not target.supports_trees
-    view = attention_sinks._WithSinks(target.backend, mixer.sinks)
-    q = target.backend.vector(np.zeros((1, 9, 16), np.float32))
-    buffer = target.backend.kv_buffer(3, 64, 16)
-    with pytest.raises(BackendError, match="token trees"):
-        view.attention(q, buffer, buffer, np.array([0]), 0, 0.25,
-                       tree_paths=np.zeros((1, 1), np.int32))
+def tree_mismatches(target) -> list[str]:
+    """Tree rows that differ from serial steps over their paths, for trees whose deep rows
+    pass the sliding window, and commits that leave other bits than a serial run."""
+    prefix = probe_tokens(LENGTH - 10, target.vocab_size, salt=4)
+    mismatches = []
+    for salt, (name, parents) in enumerate(SHAPES.items()):
+        tokens = probe_tokens(len(parents), target.vocab_size, salt=20 + salt)
+        state = target.new_state()
+        target.forward(state, prefix)
+        tree = target.forward_tree(state, tokens, parents)
+        expected = serial_rows(target, prefix, tokens, parents)
+        mismatches += [f"{name} row {row}" for row in range(len(parents))
+                       if tree[row].tobytes() != expected[row]]
+        path = path_to(parents, len(parents) - 1)
+        target.commit_tree(state, path)
+        serial = target.new_state()
+        target.forward(serial, prefix + [tokens[node] for node in path])
+        if target.forward(state, [7, 8], rows="all").tobytes() != \
+                target.forward(serial, [7, 8], rows="all").tobytes():
+            mismatches.append(f"{name} after the commit")
+    return mismatches
+
+
+def test_tree_rows_equal_serial_steps_over_their_paths(target):
+    assert target.supports_trees
+    assert tree_mismatches(target) == []
+
+
+def test_negative_control_sinks_summed_by_slot_differ_off_the_first_path(target, monkeypatch):
+    """The sink's Z over the tree's slots in order (siblings and cousins included) instead of
+    the row's path: the rows of every branch off the first path get other bits."""
+    monkeypatch.setattr(attention_sinks, "tree_columns",
+                        lambda positions, paths, first, length: np.tile(
+                            np.arange(length), (positions.size, 1)))
+    mismatches = tree_mismatches(target)
+    assert "two-branches row 2" in mismatches and "chain row 4" not in mismatches
 
 
 def base_config() -> dict:

@@ -6,7 +6,8 @@ Face's names and with the family's choices made explicit: attention with biases 
 query head (models/attention_sinks.py), sliding-window and full layers as `layer_types` says
 (alternating, sliding first, when it says nothing), YaRN rope with its attention factor on
 cos and sin (models/yarn_rope.py), and experts with a biased router, top-k over the softmax of
-the chosen logits and a clamped SwiGLU with biases (models/clamped_experts.py).
+the chosen logits and a clamped SwiGLU with biases (models/clamped_experts.py). A state is its
+KV cache alone (prefixes export and import), and token trees verify in one pass.
 
 GGUF files: llama.cpp's `gpt-oss` architecture (`attn_sinks`, `post_attention_norm`, the
 router's `ffn_gate_inp` weight and bias, experts stacked [E, rows, K] with their biases [E,
@@ -178,7 +179,7 @@ def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
         digest=reader.digest, output_table=lambda: output, config=c,
         head_shape=HeadShape(str(c.source), hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                              c.expert_size, c.rms_norm_eps, c.rope_theta),
-        kv_prefixes=True, verifies_trees=True)  # a state is its KV cache alone
+        kv_prefixes=True, verifies_trees=True)
     return DecoderModel(trunk, be, max_context)
 
 

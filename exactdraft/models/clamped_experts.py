@@ -126,17 +126,18 @@ def _dense_experts(reader: TensorReader, prefix: str, count: int, hidden: int, i
 def _separate_experts(reader: TensorReader, prefix: str, count: int, hidden: int, inner: int
                       ) -> list[tuple[Any, Any, Any, Any]]:
     """The same from one expert at a time (`{prefix}{e}.gate_proj.weight`, `.bias`, and so on
-    for up and down; GGUF files' stacks, sliced), the matrices as stored."""
-    experts = []
-    for e in range(count):
-        name = f"{prefix}{e}."
-        gate, up = (reader.get(f"{name}{kind}_proj.weight", (inner, hidden))
-                    for kind in ("gate", "up"))
-        experts.append((stack_rows([gate, up]), np.concatenate([
-            reader.array(f"{name}{kind}_proj.bias", (inner,)) for kind in ("gate", "up")]),
-            reader.get(f"{name}down_proj.weight", (hidden, inner)),
-            reader.array(f"{name}down_proj.bias", (hidden,))))
-    return experts
+    for up and down; GGUF files' stacks, sliced), the matrices as stored. Each kind is read
+    for every expert in turn, so a stack decoded once serves all its experts."""
+    def every(kind: str, what: str, shape: tuple[int, ...]) -> list[Any]:
+        read = reader.get if what == "weight" else reader.array
+        return [read(f"{prefix}{e}.{kind}_proj.{what}", shape) for e in range(count)]
+
+    gates, ups = (every(kind, "weight", (inner, hidden)) for kind in ("gate", "up"))
+    downs = every("down", "weight", (hidden, inner))
+    gate_biases, up_biases = (every(kind, "bias", (inner,)) for kind in ("gate", "up"))
+    down_biases = every("down", "bias", (hidden,))
+    return [(stack_rows([gates[e], ups[e]]), np.concatenate([gate_biases[e], up_biases[e]]),
+             downs[e], down_biases[e]) for e in range(count)]
 
 
 def load_clamped_experts(be: Backend, reader: TensorReader, prefix: str, count: int,

@@ -205,7 +205,7 @@ class Generator:
         generation_config.json, when present, sets the default sampling (unless `sampling` is
         given) and adds its eos_token_id to the stop tokens. `chat_template` replaces the
         checkpoint's chat template (or gives one to a checkpoint without): a built-in's name
-        ("gemma", "chatml"), a Jinja file's path, or the template text. Every argument is
+        ("gemma", "chatml", "harmony"), a Jinja file's path, or the template text. Every argument is
         checked before anything loads; `progress` shows the loading on stderr (None: when
         stderr is a terminal)."""
         from exactdraft import pretrained

@@ -63,8 +63,8 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-quantized dequantizes them to float32 (default: on)")
     parser.add_argument("--chat-template", default=None, metavar="NAME|PATH",
                         help="render chats with this template instead of the model's: a "
-                             "built-in (gemma, chatml) or a Jinja file (default: the model's "
-                             "own)")
+                             "built-in (gemma, chatml, harmony) or a Jinja file (default: the "
+                             "model's own)")
     parser.add_argument("--adaptive-depth", action=argparse.BooleanOptionalAction, default=True,
                         help="verify only as many drafts per pass as pay off, judged from pass "
                              "costs timed at load; --no-adaptive-depth always verifies "

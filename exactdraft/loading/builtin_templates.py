@@ -6,7 +6,7 @@ exactdraft.loading.chat_template, or raises naming the value it was given: an un
 missing, unreadable, oversized or non-UTF-8 file (ParameterError), or a template that does not
 compile (TokenizerError). It reads at most MAX_TEMPLATE_BYTES of a file and runs nothing.
 
-Built-ins (both render tools natively, so exactdraft.server.tool_calls.formats detects their
+Built-ins (all render tools natively, so exactdraft.server.tool_calls.formats detects their
 call format from the source):
 
 | name   | turns                                         | tools and calls                      |
@@ -19,6 +19,11 @@ call format from the source):
 |        |                                               | system turn; calls as JSON in        |
 |        |                                               | <tool_call></tool_call>, results in  |
 |        |                                               | <tool_response></tool_response>      |
+| harmony| <|start|>role<|message|> ... <|end|> (gpt-oss;| functions as a TypeScript namespace  |
+|        | loading/harmony_template.py): the system text | in the developer turn; calls on the  |
+|        | as the developer's instructions, answers on   | commentary channel to functions.NAME |
+|        | the final channel                             | ending <|call|>, results as turns of |
+|        |                                               | functions.NAME                       |
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import os
 
 from exactdraft.errors import ParameterError, TokenizerError
+from exactdraft.loading.harmony_template import HARMONY
 
 MAX_TEMPLATE_BYTES = 1 << 20
 
@@ -134,7 +140,7 @@ CHATML = r"""
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 """
 
-BUILTIN_TEMPLATES = {"gemma": GEMMA, "chatml": CHATML}
+BUILTIN_TEMPLATES = {"gemma": GEMMA, "chatml": CHATML, "harmony": HARMONY}
 
 
 def chat_template_source(value: str | os.PathLike[str]) -> str:

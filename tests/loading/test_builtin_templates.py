@@ -71,7 +71,7 @@ def tokenizer_of(tiny_checkpoints):
 
 
 def test_the_builtins_are_gemma_and_chatml_and_render_tools_natively():
-    assert set(BUILTIN_TEMPLATES) == {"gemma", "chatml"}
+    assert set(BUILTIN_TEMPLATES) == {"gemma", "chatml", "harmony"}
     assert all(template_supports_tools(source) for source in BUILTIN_TEMPLATES.values())
 
 

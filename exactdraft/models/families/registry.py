@@ -69,6 +69,8 @@ _BUILTIN_MODULES = {
     "deepseek2": "exactdraft.models.families.deepseek_v3",
     "glm4_moe": "exactdraft.models.families.glm4_moe",
     "glm4moe": "exactdraft.models.families.glm4_moe",
+    "gpt_oss": "exactdraft.models.families.gpt_oss",
+    "gpt-oss": "exactdraft.models.families.gpt_oss",
 }
 _REGISTERED: list[Family] = []
 

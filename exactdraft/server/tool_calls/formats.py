@@ -24,6 +24,9 @@ Formats (FORMATS, checked in this order against a chat template's source by `det
 |           |                          | or {"name" as  |                                         |
 |           |                          | the reply opens|                                         |
 | gemma     | Gemma (prompted)         | ```tool_code   | f(a=1) per line, or [f(a=1), g(b=2)]    |
+| harmony   | gpt-oss (Harmony)        | <|channel|>com-| NAME <|constrain|>json<|message|>{...}  |
+|           |                          | mentary to=fun-| <|call|> (harmony.py)                   |
+|           |                          | ctions.        |                                         |
 | generic   | templates without tools  | <tool_call>    | {"name": F, "arguments": {...}}         |
 
 The generic row is exactdraft's own: the chat is rendered with the tools system prompt of
@@ -51,6 +54,7 @@ from exactdraft.loading.chat_template import (
     GENERIC_CALL_START,
     template_supports_tools,
 )
+from exactdraft.server.tool_calls import harmony
 from exactdraft.server.tool_calls.readers import (
     CallListReader,
     ClosedCallReader,
@@ -128,6 +132,7 @@ FORMATS: tuple[ToolFormat, ...] = (
                    "<|start_header_id|>" in source and "parameters" in source),
                leading_json=True),
     ToolFormat("gemma", ("```tool_code",), PythonCallReader, _has("tool_code")),
+    ToolFormat("harmony", harmony.MARKERS, harmony.HarmonyCallReader, harmony.detect),
     ToolFormat("generic", (GENERIC_CALL_START,),
                lambda sink: ClosedCallReader(sink, GENERIC_CALL_END), lambda source: True),
 )

@@ -199,6 +199,8 @@ TEXTS = {
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
     "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
     "gemma": 'Checking. ```tool_code\nget_weather(city="Paris")\n```',
+    "harmony": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+               '{"city": "Paris"}<|call|>',
 }
 
 

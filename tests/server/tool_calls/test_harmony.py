@@ -1,0 +1,115 @@
+"""The Harmony tool-call row (gpt-oss): calls in either header form parse from any cut of the
+text with no call markup left in the content, a text cut inside a call drops it, markup that
+does not parse raises naming the call; and the built-in `harmony` template renders a chat with
+tools, a call and its result exactly, its call parsing back in the format detected from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactdraft.loading.builtin_templates import chat_template_source
+from exactdraft.loading.chat_template import render_chat_with_tools
+from exactdraft.loading.tokenizer import Tokenizer
+from exactdraft.server.tool_calls.formats import (
+    ToolCall,
+    detect_format,
+    format_named,
+    parse_tool_calls,
+)
+from exactdraft.server.tool_calls.harmony import MARKERS
+from exactdraft.server.tool_calls.readers import ToolCallError
+from tests.loading.test_builtin_templates import CHAT, WEATHER
+from tests.server.tool_calls.test_formats import TOOLS, check_events, run
+
+ANALYSIS = "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+CALL = ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris", "days": 2}<|call|>')
+SAMPLES = [
+    (ANALYSIS + CALL, ANALYSIS, [("get_weather", '{"city": "Paris", "days": 2}')]),
+    # The call opens the reply, <|call|> (a stop token) is not in the text.
+    ('<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}', "",
+     [("now", "{}")]),
+    # The recipient in the role header, two calls in a row.
+    ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+     '{"city": "a}b\\"c"}<|call|>' + CALL, "",
+     [("get_weather", '{"city": "a}b\\"c"}'), ("get_weather", '{"city": "Paris", "days": 2}')]),
+    ("<|channel|>final<|message|>No call: to=functions is just text.<|return|>",
+     "<|channel|>final<|message|>No call: to=functions is just text.<|return|>", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", SAMPLES)
+def test_calls_parse_from_any_cut_with_no_markup_in_the_content(text, content, calls):
+    harmony = format_named("harmony")
+    assert parse_tool_calls(text, harmony, TOOLS) == \
+        (content, [ToolCall(f"call_{i}", n, a) for i, (n, a) in enumerate(calls)])
+    for pieces in ([text], list(text), *([text[:cut], text[cut:]]
+                                          for cut in range(len(text) + 1))):
+        events = run(harmony, pieces)
+        check_events(events, content, calls)
+        assert not any(marker in getattr(event, "text", "") for event in events
+                       for marker in (*MARKERS, "<|constrain|>", "<|call|>"))
+
+
+def test_a_text_cut_inside_a_call_drops_it():
+    harmony = format_named("harmony")
+    text = ANALYSIS + CALL
+    dropped = 0
+    for cut in range(len(ANALYSIS) + 1, len(text) - len("<|call|>")):
+        content, calls = parse_tool_calls(text[:cut], harmony, TOOLS, cut=True)
+        dropped += calls == []
+        assert calls in ([], [ToolCall("call_0", "get_weather", '{"city": "Paris", '
+                                                                '"days": 2}')])
+        assert "to=functions" not in content
+    assert dropped > 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("<|channel|>commentary to=functions.get weather<|message|>{}", "header"),
+    ("<|channel|>commentary to=functions.now <|constrain|>json<|message|>[1]", "not an object"),
+    ("<|channel|>commentary to=functions.now <|constrain|>json<|message|>{} and more",
+     "expected"),
+    ("<|channel|>commentary to=functions.delete_all <|constrain|>json<|message|>{}",
+     "delete_all"),
+])
+def test_markup_that_does_not_parse_raises_naming_the_call(text, message):
+    with pytest.raises(ToolCallError, match=message):
+        parse_tool_calls(text, format_named("harmony"), TOOLS)
+
+
+HARMONY_EXPECTED = (
+    "<|start|>system<|message|>Reasoning: medium\n\n# Valid channels: analysis, commentary, "
+    "final. Channel must be included for every message.\nCalls to these tools must go to the "
+    "commentary channel: 'functions'.<|end|><|start|>developer<|message|># Instructions\n\n"
+    "Be brief.\n\n# Tools\n\n## functions\n\nnamespace functions {\n\n"
+    "// The weather in a city\ntype get_weather = (_: {\ncity: string,\nhourly?: boolean,\n"
+    "}) => any;\n\n} // namespace functions<|end|>"
+    "<|start|>user<|message|>Weather in Paris?<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Paris", "hourly": true}<|call|>'
+    "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>rain, 12 C"
+    "<|end|><|start|>assistant<|channel|>final<|message|>It rains.<|end|>"
+    "<|start|>user<|message|>And tomorrow?<|end|><|start|>assistant")
+
+
+def test_the_builtin_renders_harmony_turns_and_its_call_parses_back(tiny_checkpoints):
+    tokenizer = Tokenizer.from_folder(tiny_checkpoints["llama"])
+    tokenizer.use_chat_template(chat_template_source("harmony"))
+    rendered = render_chat_with_tools(tokenizer, CHAT, [WEATHER])
+    assert rendered == HARMONY_EXPECTED
+    tool_format = detect_format(tokenizer.chat_template)
+    assert tool_format.name == "harmony"
+    turn = rendered.split("Weather in Paris?<|end|>")[1].split("<|start|>functions.")[0]
+    content, calls = parse_tool_calls(turn, tool_format, {"get_weather": WEATHER["parameters"]})
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [("get_weather", {"city": "Paris", "hourly": True})]
+    # Negative control: without tools nothing lists the function, the history stays.
+    plain = render_chat_with_tools(tokenizer, CHAT, [])
+    assert "namespace functions" not in plain and "rain, 12 C" in plain
+    # A tool result without a name takes the name of the call it answers.
+    unnamed = [{key: value for key, value in message.items() if key != "name"}
+               for message in CHAT]
+    assert render_chat_with_tools(tokenizer, unnamed, [WEATHER]) == HARMONY_EXPECTED

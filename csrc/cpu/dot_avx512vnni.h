@@ -45,6 +45,36 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
+ * 2s..2s+1 are the codes paired with activations 8s+4t..; they become byte codes 0..3. */
+static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m512i mask = _mm512_set1_epi32(0x03030303);
+    for (int t = 0; t < 2; t++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm512_and_si512(bytes, mask);
+        w->code[t + 2] = _mm512_and_si512(_mm512_srli_epi32(bytes, 2), mask);
+        w->code[t + 4] = _mm512_and_si512(_mm512_srli_epi32(bytes, 4), mask);
+        w->code[t + 6] = _mm512_and_si512(_mm512_srli_epi32(bytes, 6), mask);
+    }
+}
+
+/* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it becomes the byte code
+ * 2 * bit (moved to bit 1 of its own byte: the mask drops what a shift brings from the next). */
+static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m512i bytes = _mm512_loadu_si512((const void *)chunks);
+    const __m512i two = _mm512_set1_epi32(0x02020202);
+    w->code[0] = _mm512_and_si512(_mm512_slli_epi32(bytes, 1), two);
+    w->code[1] = _mm512_and_si512(bytes, two);
+    w->code[2] = _mm512_and_si512(_mm512_srli_epi32(bytes, 1), two);
+    w->code[3] = _mm512_and_si512(_mm512_srli_epi32(bytes, 2), two);
+    w->code[4] = _mm512_and_si512(_mm512_srli_epi32(bytes, 3), two);
+    w->code[5] = _mm512_and_si512(_mm512_srli_epi32(bytes, 4), two);
+    w->code[6] = _mm512_and_si512(_mm512_srli_epi32(bytes, 5), two);
+    w->code[7] = _mm512_and_si512(_mm512_srli_epi32(bytes, 6), two);
+}
+
 /* q8_0 codes stay biased (w + 128, unsigned): dot_q8 takes the bias back out exactly. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {

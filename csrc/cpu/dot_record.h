@@ -18,9 +18,36 @@
 /* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
  * start is 0 and the row functions get starts = NULL. */
 #define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
-                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0))
+                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0) || CRUMB_CODES(F) || \
+                        SIGN_CODES(F))
+/* The ternary and 1-bit formats keep one float16 scale per 256 (tq1_0, tq2_0) or 128 (q1_0)
+ * weights, so one record covers SHARED_BLOCKS(F) blocks of 32: the group's 16 scales, then each
+ * block's codes, SHARED_CODE_BYTES(F) bytes apiece: 2-bit codes 0..3 ("crumbs", tq1_0's trits
+ * widened to them at packing) in two chunks, or q1_0's bits in one (read as 2 * bit). Their
+ * offset is 1: code - 1 is the ternary weight, or -1 and +1. */
+#define CRUMB_CODES(F) ((F) == FORMAT_TQ1_0 || (F) == FORMAT_TQ2_0)
+#define SIGN_CODES(F) ((F) == FORMAT_Q1_0)
+#define SHARED_BLOCKS(F) (CRUMB_CODES(F) ? 8 : SIGN_CODES(F) ? 4 : 1)
+#define SHARED_CODE_BYTES(F) (CRUMB_CODES(F) ? 2 * DOT_CHUNK : DOT_CHUNK)
 #define PARAMETER_BYTES(F) \
     ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+
+/* The parameters of block b of a group whose records start at `records` (FORMAT_ROWS'
+ * dot_record_bytes apart, per block of 32), and the codes of block b given them. */
+static ALWAYS_INLINE const uint8_t *dot_record_parameters(const int format, const uint8_t *records,
+                                                          ptrdiff_t b, size_t record_bytes)
+{
+    return records + (size_t)(b - b % SHARED_BLOCKS(format)) * record_bytes;
+}
+
+static ALWAYS_INLINE const uint8_t *dot_record_codes(const int format, const uint8_t *parameters,
+                                                     ptrdiff_t b)
+{
+    return parameters + PARAMETER_BYTES(format) +
+           (SHARED_BLOCKS(format) == 1 ? 0
+                                       : (size_t)(b % SHARED_BLOCKS(format)) *
+                                             SHARED_CODE_BYTES(format));
+}
 
 /* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
 static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,

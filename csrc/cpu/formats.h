@@ -9,7 +9,10 @@
 
 /* X(ID, code, name, weights per block, bytes per block, float kernel, dot record bytes)
  * float kernel: the rows and grouped layouts (float activations) can multiply the format;
- * dot record bytes: the dot layout's record for 16 rows and 32 weights (0: no dot kernel). */
+ * dot record bytes: the dot layout's record for 16 rows and 32 weights (0: no dot kernel); for
+ * the formats whose blocks of 32 share a record's scales (dot_record.h's SHARED_BLOCKS), the
+ * bytes of that record over the blocks of 32 it holds. Codes missing from the list are rows of
+ * zeros (no name, no kernel). */
 #define WEIGHT_FORMATS(X)                          \
     X(F32, 0, "f32", 1, 4, 1, 0)                   \
     X(BF16, 1, "bf16", 1, 2, 1, 0)                 \
@@ -20,7 +23,10 @@
     X(Q5_1, 6, "q5_1", 32, 24, 0, 64 + 512)        \
     X(Q4_K, 7, "q4_k", 256, 144, 0, 128 + 256)     \
     X(Q5_K, 8, "q5_k", 256, 176, 0, 128 + 512)     \
-    X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)
+    X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)     \
+    X(TQ1_0, 13, "tq1_0", 256, 54, 0, (32 + 8 * 128) / 8) \
+    X(TQ2_0, 14, "tq2_0", 256, 66, 0, (32 + 8 * 128) / 8) \
+    X(Q1_0, 15, "q1_0", 128, 18, 0, (32 + 4 * 64) / 4)
 
 #define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) FORMAT_##ID = CODE,
 enum weight_format { WEIGHT_FORMATS(FORMAT_ENUM_ENTRY) FORMAT_COUNT };

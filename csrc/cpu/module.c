@@ -257,10 +257,14 @@ static PyObject *py_format_table(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    PyObject *rows = PyTuple_New(FORMAT_COUNT);
+    Py_ssize_t count = 0;
+    for (int code = 0; code < FORMAT_COUNT; code++) count += FORMAT_ROWS[code].name != NULL;
+    PyObject *rows = PyTuple_New(count);
     if (!rows) return NULL;
+    Py_ssize_t at = 0;
     for (int code = 0; code < FORMAT_COUNT; code++) {
         const struct format_row *row = &FORMAT_ROWS[code];
+        if (!row->name) continue; /* a code no format takes */
         PyObject *entry = Py_BuildValue("(isiiii)", code, row->name, row->block_size,
                                         row->block_bytes, row->float_kernel,
                                         row->dot_record_bytes);
@@ -268,7 +272,7 @@ static PyObject *py_format_table(PyObject *self, PyObject *unused)
             Py_DECREF(rows);
             return NULL;
         }
-        PyTuple_SET_ITEM(rows, code, entry);
+        PyTuple_SET_ITEM(rows, at++, entry);
     }
     return rows;
 }

@@ -80,7 +80,7 @@ static inline int expect_arguments(Py_ssize_t nargs, Py_ssize_t expected, const 
 static inline int check_weight_codes(const char *name, Py_ssize_t format, Py_ssize_t layout,
                                      Py_ssize_t depth)
 {
-    if (format >= FORMAT_COUNT) {
+    if (format >= FORMAT_COUNT || !FORMAT_ROWS[format].name) {
         PyErr_Format(PyExc_ValueError, "%s: unknown weight format code %zd", name, format);
         return -1;
     }

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import exactdraft.formats.dequantize as dequantize
+import exactdraft.formats.ternary_blocks as ternary_blocks
 from exactdraft.errors import WeightError
 
 
@@ -88,6 +89,13 @@ _ROWS = (
     WeightFormat("q4_k", 12, 256, 144, 7, False, True, None, _dq.values_q4_k, _dq.fields_q4_k),
     WeightFormat("q5_k", 13, 256, 176, 8, False, True, None, _dq.values_q5_k, _dq.fields_q5_k),
     WeightFormat("q6_k", 14, 256, 210, 9, False, True, None, _dq.values_q6_k, _dq.fields_q6_k),
+    # Ternary and 1-bit formats (formats/ternary_blocks.py).
+    WeightFormat("tq1_0", 34, 256, 54, 13, False, True, None, ternary_blocks.values_tq1_0,
+                 ternary_blocks.fields_tq1_0),
+    WeightFormat("tq2_0", 35, 256, 66, 14, False, True, None, ternary_blocks.values_tq2_0,
+                 ternary_blocks.fields_tq2_0),
+    WeightFormat("q1_0", 41, 128, 18, 15, False, True, None, ternary_blocks.values_q1_0,
+                 ternary_blocks.fields_q1_0),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
 _BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}

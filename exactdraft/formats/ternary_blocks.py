@@ -82,6 +82,17 @@ def values_q1_0(b: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, np.where(bits_q1_0(b).astype(bool), scale, -scale))
 
 
+def quantize_q1_0(weights: np.ndarray) -> np.ndarray:
+    """q1_0 blocks [N, K / 128 * 18] of float32 weights [N, K] (K a multiple of 128): per 128
+    weights d = mean |w| as float16, and one bit per weight, set where w >= 0. (gguf has no
+    q1_0 quantizer; this one is for tests and benchmarks.)"""
+    rows, depth = weights.shape
+    blocks = np.asarray(weights, np.float32).reshape(rows * depth // 128, 128)
+    scale = np.abs(blocks).mean(axis=1).astype("<f2").view(np.uint8).reshape(-1, 2)
+    signs = np.packbits(blocks >= 0, axis=1, bitorder="little")
+    return np.concatenate([scale, signs], axis=1).reshape(rows, -1)
+
+
 def _per_32(scale: np.ndarray, block_size: int) -> np.ndarray:
     return np.repeat(scale, block_size // 32, axis=1)
 

@@ -107,6 +107,9 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         } else if (CRUMB_CODES(format)) {
             dot_load_crumbs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
+        } else if (TRIT_CODES(format)) {
+            dot_load_trits(codes + 4 * a->lane0, (int)(b % 8), &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
         } else if (SIGN_CODES(format)) {
             dot_load_signs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);

@@ -71,6 +71,17 @@ static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* tq1_0: chunk j's codes from a chunk of bytes of five trits (dot_record.h's dot_load_trits):
+ * ((v * power mod 256) * 3) >> 8 of each byte v, widened. */
+static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
+{
+    const uint8x16_t shifted = vmulq_u8(vld1q_u8(chunk), vdupq_n_u8((uint8_t)power));
+    w->code[j][0] = vreinterpretq_s16_u16(
+        vshrq_n_u16(vmulq_n_u16(vmovl_u8(vget_low_u8(shifted)), 3), 8));
+    w->code[j][1] = vreinterpretq_s16_u16(
+        vshrq_n_u16(vmulq_n_u16(vmovl_u8(vget_high_u8(shifted)), 3), 8));
+}
+
 /* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it widens as 2 * bit. */
 static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
 {

@@ -115,6 +115,19 @@ static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* tq1_0: chunk j's codes from a chunk of bytes of five trits (dot_record.h's dot_load_trits):
+ * ((v * power mod 256) * 3) >> 8 of each byte v. */
+static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
+{
+    const vi words = chunk_words(chunk);
+    for (int b = 0; b < 4; b++) {
+        vi r;
+        DV_LANEWISE((int32_t)((((((uint32_t)DOT_LANE(words, i) >> (8 * b)) * (uint32_t)power) &
+                               0xffu) * 3u) >> 8));
+        w->code[4 * j + b] = r;
+    }
+}
+
 /* q1_0's bits: the one chunk holds per row 4 bytes whose bit s is the bit of activation
  * 4s + i (byte i); the code is twice the bit. */
 static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)

@@ -9,7 +9,7 @@
  * Invariant: output element (m, n) has the bits dot_body.h states, the same as on every other
  * level: a block of 32 is one tile step (activation rows of the block are the A tile, read in
  * place from the block-major quantized rows; the record's codes are the B tile, as stored for
- * byte codes and unpacked into bytes for q4, 2-bit and 1-bit codes; q6_k's halves are two steps), the
+ * byte codes and unpacked into bytes for q4, 2-bit, trit and 1-bit codes; q6_k's halves are two steps), the
  * int32 sums are exact, and each block's float term is added into the fp32 accumulator in block
  * order by dot_record.h's dot_block_term, the one epilogue every level runs. Rows are cut into
  * tiles of up to 16, columns into the 16-row groups of the records: this decides which rows
@@ -56,11 +56,15 @@ static void configure_tiles(int rows, int halves)
 }
 
 /* The record's codes as B tile rows: row j holds each weight row's codes 4j..4j+3. */
-static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes)
+static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes,
+                                               ptrdiff_t b)
 {
-    if (!NIBBLE_CODES(format) && !CRUMB_CODES(format) && !SIGN_CODES(format)) return codes;
+    if (!NIBBLE_CODES(format) && !CRUMB_CODES(format) && !SIGN_CODES(format) &&
+        !TRIT_CODES(format))
+        return codes;
     struct dot_codes w;
     if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
+    else if (TRIT_CODES(format)) dot_load_trits(codes, (int)(b % 8), &w);
     else if (SIGN_CODES(format)) dot_load_signs(codes, &w);
     else dot_load_q4(codes, &w);
     for (int j = 0; j < 8; j++) _mm512_store_si512((void *)tile_scratch.codes[j], w.code[j]);
@@ -129,7 +133,7 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
                     second = dot_parameter(format, record, 1, 0);
                 const ptrdiff_t index = b * p->rows + m0;
                 tile_block_sums(format, q->values + index * QUANT_BLOCK,
-                                tile_codes(format, dot_record_codes(format, record, b)));
+                                tile_codes(format, dot_record_codes(format, record, b), b));
                 const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * index : NULL;
                 for (int r = 0; r < rows; r++) {
                     const vi isum = _mm512_add_epi32(

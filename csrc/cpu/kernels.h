@@ -42,8 +42,8 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
  *   as w + 128);
  * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 128, tq1_0, tq2_0 and q1_0 1, else 0.
  * tq1_0, tq2_0 and q1_0 keep one float16 scale per GGUF block: one record covers the blocks of
- * 32 of a GGUF block (dot_record.h: its 16 scales, then 2-bit or 1-bit codes per block of 32),
- * dot_record_bytes being its share per block of 32.
+ * 32 of a GGUF block (dot_record.h: its 16 scales, then tq1_0's bytes of five trits as stored,
+ * or 2-bit or 1-bit codes per block of 32), dot_record_bytes being its share per block of 32.
  * A last, partial group is padded with zero records. */
 #define DOT_GROUP 16
 #define DOT_CHUNK 64

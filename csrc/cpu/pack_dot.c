@@ -6,8 +6,8 @@
  * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned. It is the C
  * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
  * which tests hold it equal to. The ternary and 1-bit formats keep one scale per GGUF block
- * (pack_shared_group), so that their records take the bytes their blocks take (tq1_0's trits
- * excepted: they are widened to 2-bit codes, 66 bytes per 256 weights for the file's 54).
+ * (pack_shared_group), so that their records take the bytes their blocks take; tq1_0 keeps its
+ * five-trit bytes as stored, decoded by the kernels.
  */
 #include "pack_dot.h"
 
@@ -121,28 +121,12 @@ struct pack_job {
     uint8_t *records;
 };
 
-/* Trit n (0..4) of a tq1_0 byte, as ggml reads it: any byte gives five trits 0..2. */
-static uint8_t trit(uint8_t byte, int n)
-{
-    static const uint8_t powers_of_three[5] = {1, 3, 9, 27, 81};
-    const uint8_t shifted = (uint8_t)(byte * powers_of_three[n]);
-    return (uint8_t)((shifted * 3) >> 8);
-}
-
-/* The weights of one tq1_0, tq2_0 or q1_0 block as unsigned codes (trits 0..2, 2-bit codes
- * 0..3, bits), in weight order; returns the block's float16 scale bits. */
+/* The weights of one tq2_0 or q1_0 block as unsigned codes (2-bit codes 0..3, bits), in weight
+ * order; returns the block's float16 scale bits. */
 static uint16_t shared_block_codes(int format, const uint8_t *block, uint8_t *codes)
 {
     uint16_t scale;
-    if (format == FORMAT_TQ1_0) {
-        for (int n = 0; n < 5; n++) {
-            for (int m = 0; m < 32; m++) codes[32 * n + m] = trit(block[m], n);
-            for (int m = 0; m < 16; m++) codes[160 + 16 * n + m] = trit(block[32 + m], n);
-        }
-        for (int n = 0; n < 4; n++)
-            for (int m = 0; m < 4; m++) codes[240 + 4 * n + m] = trit(block[48 + m], n);
-        memcpy(&scale, block + 52, 2);
-    } else if (format == FORMAT_TQ2_0) {
+    if (format == FORMAT_TQ2_0) {
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 4; l++)
                 for (int m = 0; m < 32; m++)
@@ -156,15 +140,16 @@ static uint16_t shared_block_codes(int format, const uint8_t *block, uint8_t *co
 }
 
 /* One group's records for the formats whose blocks of 32 share a record's scales (dot_record.h):
- * per GGUF block, the 16 rows' float16 scales, then per block of 32 its codes: 2-bit codes in
- * two chunks (chunk t, row byte i: bits 2s..2s+1 hold code 8s+4t+i) or bits in one (row byte
- * i: bit s holds code 4s+i). tq1_0's trits are widened to the 2-bit codes here. */
+ * per GGUF block, the 16 rows' float16 scales, then the codes: tq1_0's bytes as stored, 4 of
+ * each row per chunk; per block of 32, tq2_0's 2-bit codes in two chunks (chunk t, row byte i:
+ * bits 2s..2s+1 hold code 8s+4t+i) or q1_0's bits in one (row byte i: bit s holds code 4s+i). */
 static void pack_shared_group(const struct pack_job *job, ptrdiff_t group)
 {
     const int format = job->format, block_size = FORMAT_ROWS[format].block_size;
-    const int block_bytes = FORMAT_ROWS[format].block_bytes, crumbs = format != FORMAT_Q1_0;
+    const int block_bytes = FORMAT_ROWS[format].block_bytes, crumbs = format == FORMAT_TQ2_0;
     const size_t code_bytes = crumbs ? 2 * DOT_CHUNK : DOT_CHUNK;
-    const size_t shared_bytes = 2 * DOT_GROUP + (size_t)(block_size / QUANT_BLOCK) * code_bytes;
+    const size_t shared_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes *
+                                (size_t)(block_size / QUANT_BLOCK);
     const ptrdiff_t shared = job->blocks / (block_size / QUANT_BLOCK);
     uint8_t *first = job->records + (size_t)group * (size_t)shared * shared_bytes;
     memset(first, 0, (size_t)shared * shared_bytes); /* rows past the last stay zero */
@@ -173,6 +158,14 @@ static void pack_shared_group(const struct pack_job *job, ptrdiff_t group)
         if (n >= job->rows) break;
         const uint8_t *row = job->source + (size_t)n * job->row_bytes;
         for (ptrdiff_t b = 0; b < shared; b++) {
+            if (format == FORMAT_TQ1_0) { /* the file's bytes of trits, 4 per chunk */
+                const uint8_t *block = row + b * block_bytes;
+                uint8_t *record = first + (size_t)b * shared_bytes;
+                memcpy(record + 2 * lane, block + 52, 2);
+                for (int c = 0; c < 13; c++)
+                    memcpy(record + 2 * DOT_GROUP + c * DOT_CHUNK + 4 * lane, block + 4 * c, 4);
+                continue;
+            }
             uint8_t codes[256];
             const uint16_t scale = shared_block_codes(format, row + b * block_bytes, codes);
             uint8_t *record = first + (size_t)b * shared_bytes;

@@ -79,6 +79,10 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
             np.float32)
     if format in RANDOM_BLOCK_HALVES:
         blocks = random_blocks(format, dense.shape)
+    elif format == "q1_0":  # gguf has no q1_0 quantizer
+        from exactdraft.formats.ternary_blocks import quantize_q1_0
+
+        blocks = quantize_q1_0(dense)
     else:
         from gguf import GGMLQuantizationType
         from gguf.quants import quantize
@@ -176,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in DEFAULT_SHAPES))
     parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                        help="any of f32, bf16, q8_0, q4_0, q4_1, and q8_0-dot, q4_0-dot, q4_1-dot")
+                        help="any of f32, bf16, q8_0, q4_0, q4_1, and q8_0-dot, q4_0-dot, "
+                             "q4_1-dot, tq1_0-dot, tq2_0-dot, q1_0-dot (K a multiple of the "
+                             "format's block: 256, 256, 128)")
     parser.add_argument("--model", action="store_true",
                         help="time SmolLM2 decode steps and verify passes instead")
     parser.add_argument("--context", type=int, default=200)

@@ -92,7 +92,8 @@ static int same_bits_as_vnni(const struct kernel_table *level)
     struct random_stream stream = {0x5EEDu};
     int same = 1;
     for (int format = FORMAT_Q8_0; format < FORMAT_COUNT && same; format++) {
-        for (int r = 0; r < 2 && same && FORMAT_ROWS[format].dot_record_bytes; r++) {
+        if (!FORMAT_ROWS[format].dot_record_bytes) continue; /* a code no format takes */
+        for (int r = 0; r < 2 && same; r++) {
             const ptrdiff_t rows = row_counts[r];
             uint8_t *weight = random_stream_dot_weights(&stream, format, COLUMNS, DEPTH);
             float *x = random_stream_floats(&stream, (size_t)(rows * DEPTH), 1);

@@ -197,7 +197,10 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
                            : format == FORMAT_Q8_0 ? q8_code_bias
                            : format == FORMAT_Q3_K ? 4
                            : format == FORMAT_Q2_K ? -1 /* the halves' sums themselves */
-                                                   : 0;
+                           : format == FORMAT_TQ1_0 || format == FORMAT_TQ2_0 ||
+                                   format == FORMAT_Q1_0
+                               ? 1
+                               : 0;
     int32_t *starts = q->starts;
     if (format == FORMAT_Q6_K || format == FORMAT_Q3_K || format == FORMAT_Q2_K) {
         /* Two scales cover weights 0..15 and 16..31: each half takes its own offset (q2_k's

@@ -49,6 +49,52 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
         w->code[j] = _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK));
 }
 
+/* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
+ * 2s..2s+1 are the codes paired with activations 8s+4t..; they become byte codes 0..3. */
+static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m256i mask = _mm256_set1_epi8(3);
+    for (int t = 0; t < 2; t++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm256_and_si256(bytes, mask);
+        w->code[t + 2] = _mm256_and_si256(_mm256_srli_epi16(bytes, 2), mask);
+        w->code[t + 4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+        w->code[t + 6] = _mm256_and_si256(_mm256_srli_epi16(bytes, 6), mask);
+    }
+}
+
+/* tq1_0: chunk j's byte codes from a chunk of bytes of five trits (dot_record.h's
+ * dot_load_trits): ((v * power mod 256) * 3) >> 8 of each byte v, even and odd bytes apart in
+ * 16-bit lanes. */
+static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
+{
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)chunk);
+    const __m256i low_byte = _mm256_set1_epi16(0xff), multiplier = _mm256_set1_epi16((short)power);
+    const __m256i three = _mm256_set1_epi16(3);
+    __m256i even = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(bytes, low_byte),
+                                                       multiplier), low_byte);
+    __m256i odd = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(bytes, 8), multiplier),
+                                   low_byte);
+    even = _mm256_srli_epi16(_mm256_mullo_epi16(even, three), 8);
+    odd = _mm256_srli_epi16(_mm256_mullo_epi16(odd, three), 8);
+    w->code[j] = _mm256_or_si256(even, _mm256_slli_epi16(odd, 8));
+}
+
+/* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it becomes the byte code
+ * 2 * bit (moved to bit 1 of its own byte: the mask drops what a shift brings from the next). */
+static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)chunks), two = _mm256_set1_epi8(2);
+    w->code[0] = _mm256_and_si256(_mm256_slli_epi16(bytes, 1), two);
+    w->code[1] = _mm256_and_si256(bytes, two);
+    w->code[2] = _mm256_and_si256(_mm256_srli_epi16(bytes, 1), two);
+    w->code[3] = _mm256_and_si256(_mm256_srli_epi16(bytes, 2), two);
+    w->code[4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 3), two);
+    w->code[5] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), two);
+    w->code[6] = _mm256_and_si256(_mm256_srli_epi16(bytes, 5), two);
+    w->code[7] = _mm256_and_si256(_mm256_srli_epi16(bytes, 6), two);
+}
+
 /* q8_0 codes are read (and made signed) by dot_q8_rows as it goes. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 

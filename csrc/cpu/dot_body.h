@@ -5,7 +5,8 @@
  * Invariant: each activation row is quantized on its own (quantize_rows), and output element
  * (m, n) is, whatever the level, tile or thread:
  *     acc = 0; for block b = 0, 1, ... in order:
- *         q8_0, q4_0, q5_0:        acc = acc + (s_w * d_x) * (float)isum
+ *         q8_0, q4_0, q5_0,
+ *         tq1_0, tq2_0, q1_0:      acc = acc + (s_w * d_x) * (float)isum
  *         q4_1, q5_1, q4_k, q5_k:  acc = acc + ((s_w * d_x) * (float)isum
  *                                                + m_w * (d_x * (float)sum(q_x)))
  *         q6_k:                    acc = acc + ((s0_w * d_x) * (float)isum0
@@ -100,18 +101,19 @@ static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
 {
     const struct quantized_rows *q = a->q;
-    const size_t codes = PARAMETER_BYTES(format);
     dv acc[DOT_TILE_ROWS];
     /* Unrolled row loops keep every accumulator in a register. */
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) acc[r] = dv_zero();
     for (ptrdiff_t b = 0; b < a->blocks; b++) {
-        const uint8_t *record = a->records + b * a->record_bytes;
+        const uint8_t *next = a->records + (b + DOT_PREFETCH_RECORDS) * a->record_bytes;
+        const uint8_t *record = dot_record_parameters(format, a->records, b, a->record_bytes);
+        const uint8_t *codes = dot_record_codes(format, record, b);
         /* The records stream from memory: ask for them well ahead of use (past the end of the
          * weights a prefetch is only a hint, never a fault). */
         if (a->lane0 == 0)
             for (size_t line = 0; line < a->record_bytes; line += 64)
-                __builtin_prefetch(record + DOT_PREFETCH_RECORDS * a->record_bytes + line);
+                __builtin_prefetch(next + line);
         if (K_LOW(format)) {
             dv scale, second;
             vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
@@ -134,16 +136,25 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * first : NULL;
         vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
         if (NIBBLE_CODES(format)) {
-            dot_load_q4(record + codes + 4 * a->lane0, &w);
+            dot_load_q4(codes + 4 * a->lane0, &w);
             dot_q4_rows(&w, x, starts, rows, isum);
         } else if (format == FORMAT_Q8_0) {
-            dot_load_q8(record + codes + 4 * a->lane0, &w);
+            dot_load_q8(codes + 4 * a->lane0, &w);
             dot_q8_rows(&w, x, starts, rows, isum);
         } else if (format == FORMAT_Q6_K) {
-            dot_load_u8(record + codes + 4 * a->lane0, &w);
+            dot_load_u8(codes + 4 * a->lane0, &w);
             dot_u8_halves(&w, x, starts, rows, isum, isum1);
+        } else if (CRUMB_CODES(format)) {
+            dot_load_crumbs(codes + 4 * a->lane0, &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
+        } else if (TRIT_CODES(format)) {
+            dot_load_trits(codes + 4 * a->lane0, (int)(b % 8), &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
+        } else if (SIGN_CODES(format)) {
+            dot_load_signs(codes + 4 * a->lane0, &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
         } else {
-            dot_load_u8(record + codes + 4 * a->lane0, &w);
+            dot_load_u8(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
         }
 #pragma GCC unroll 8
@@ -183,13 +194,15 @@ typedef void (*dot_function)(const struct dot_args *a);
 
 DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4) DOT_INSTANCES(5) DOT_INSTANCES(6)
 DOT_INSTANCES(7) DOT_INSTANCES(8) DOT_INSTANCES(9)
-DOT_INSTANCES(16) DOT_INSTANCES(17)
+DOT_INSTANCES(13) DOT_INSTANCES(14) DOT_INSTANCES(15) DOT_INSTANCES(16) DOT_INSTANCES(17)
 
-/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9 and 16, 17). */
+/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9 and 13 .. 17; gaps stay NULL). */
 static const dot_function dot_tiles[FORMAT_COUNT - FORMAT_Q8_0][DOT_TILE_ROWS] = {
     DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4), DOT_TABLE(5), DOT_TABLE(6), DOT_TABLE(7),
     DOT_TABLE(8), DOT_TABLE(9),
-    [FORMAT_Q2_K - FORMAT_Q8_0] = DOT_TABLE(16), [FORMAT_Q3_K - FORMAT_Q8_0] = DOT_TABLE(17)};
+    [FORMAT_TQ1_0 - FORMAT_Q8_0] = DOT_TABLE(13), [FORMAT_TQ2_0 - FORMAT_Q8_0] = DOT_TABLE(14),
+    [FORMAT_Q1_0 - FORMAT_Q8_0] = DOT_TABLE(15), [FORMAT_Q2_K - FORMAT_Q8_0] = DOT_TABLE(16),
+    [FORMAT_Q3_K - FORMAT_Q8_0] = DOT_TABLE(17)};
 
 /* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are

@@ -57,6 +57,39 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
     for (int j = 0; j < 8; j++) widen_unsigned(vld1q_u8(chunks + j * DOT_CHUNK), w->code[j]);
 }
 
+/* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
+ * 2s..2s+1 are the codes paired with activations 8s+4t..; they widen as codes 0..3. */
+static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const uint8x16_t mask = vdupq_n_u8(3);
+    for (int t = 0; t < 2; t++) {
+        const uint8x16_t bytes = vld1q_u8(chunks + t * DOT_CHUNK);
+        widen_unsigned(vandq_u8(bytes, mask), w->code[t]);
+        widen_unsigned(vandq_u8(vshrq_n_u8(bytes, 2), mask), w->code[t + 2]);
+        widen_unsigned(vandq_u8(vshrq_n_u8(bytes, 4), mask), w->code[t + 4]);
+        widen_unsigned(vshrq_n_u8(bytes, 6), w->code[t + 6]);
+    }
+}
+
+/* tq1_0: chunk j's codes from a chunk of bytes of five trits (dot_record.h's dot_load_trits):
+ * ((v * power mod 256) * 3) >> 8 of each byte v, widened. */
+static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
+{
+    const uint8x16_t shifted = vmulq_u8(vld1q_u8(chunk), vdupq_n_u8((uint8_t)power));
+    w->code[j][0] = vreinterpretq_s16_u16(
+        vshrq_n_u16(vmulq_n_u16(vmovl_u8(vget_low_u8(shifted)), 3), 8));
+    w->code[j][1] = vreinterpretq_s16_u16(
+        vshrq_n_u16(vmulq_n_u16(vmovl_u8(vget_high_u8(shifted)), 3), 8));
+}
+
+/* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it widens as 2 * bit. */
+static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const uint8x16_t bytes = vld1q_u8(chunks), two = vdupq_n_u8(2);
+    for (int s = 0; s < 8; s++)
+        widen_unsigned(vandq_u8(vshlq_u8(bytes, vdupq_n_s8((int8_t)(1 - s))), two), w->code[s]);
+}
+
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {
     for (int j = 0; j < 8; j++) {

@@ -18,9 +18,55 @@
 /* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
  * start is 0 and the row functions get starts = NULL. */
 #define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
-                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0))
+                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0) || CRUMB_CODES(F) || \
+                        SIGN_CODES(F) || TRIT_CODES(F))
+/* The ternary and 1-bit formats keep one float16 scale per 256 (tq1_0, tq2_0) or 128 (q1_0)
+ * weights, so one record covers SHARED_BLOCKS(F) blocks of 32: the group's 16 scales, then the
+ * codes. tq2_0 and q1_0 give each block of 32 SHARED_CODE_BYTES(F) bytes: 2-bit codes 0..3
+ * ("crumbs") in two chunks, or q1_0's bits in one (read as 2 * bit). tq1_0 keeps its bytes of
+ * five trits each as the file stores them, in 13 chunks (its bytes 4c..4c+3 of each row in chunk
+ * c: qs in chunks 0..11, qh in chunk 12), which every block of 32 decodes its trits from
+ * (dot_load_trits). Their offset is 1: code - 1 is the ternary weight, or -1 and +1. */
+#define CRUMB_CODES(F) ((F) == FORMAT_TQ2_0)
+#define TRIT_CODES(F) ((F) == FORMAT_TQ1_0)
+#define SIGN_CODES(F) ((F) == FORMAT_Q1_0)
+#define SHARED_BLOCKS(F) (CRUMB_CODES(F) || TRIT_CODES(F) ? 8 : SIGN_CODES(F) ? 4 : 1)
+#define SHARED_CODE_BYTES(F) (CRUMB_CODES(F) ? 2 * DOT_CHUNK : SIGN_CODES(F) ? DOT_CHUNK : 0)
 #define PARAMETER_BYTES(F) \
     ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+
+/* The parameters of block b of a group whose records start at `records` (FORMAT_ROWS'
+ * dot_record_bytes apart, per block of 32), and the codes of block b given them. */
+static ALWAYS_INLINE const uint8_t *dot_record_parameters(const int format, const uint8_t *records,
+                                                          ptrdiff_t b, size_t record_bytes)
+{
+    return records + (size_t)(b - b % SHARED_BLOCKS(format)) * record_bytes;
+}
+
+static ALWAYS_INLINE const uint8_t *dot_record_codes(const int format, const uint8_t *parameters,
+                                                     ptrdiff_t b)
+{
+    return parameters + PARAMETER_BYTES(format) +
+           (SHARED_BLOCKS(format) == 1 ? 0
+                                       : (size_t)(b % SHARED_BLOCKS(format)) *
+                                             SHARED_CODE_BYTES(format));
+}
+
+/* tq1_0's codes of block `sub` (0..7) of a GGUF block, as ggml orders its trits: blocks 0..4
+ * are trit `sub` of bytes 0..31 (chunks 0..7); blocks 5 and 6 are trits 2 (sub - 5) and
+ * 2 (sub - 5) + 1 of bytes 32..47 (chunks 8..11) for activations 0..15 and 16..31; block 7 is
+ * trit 4 of bytes 32..47, then trits 0..3 of bytes 48..51 (chunk 12, one trit per chunk of 4
+ * activations). The level's dot_trit_chunk decodes one chunk: trit n of byte v is
+ * ((v * 3^n mod 256) * 3) >> 8. */
+static ALWAYS_INLINE void dot_load_trits(const uint8_t *chunks, int sub, struct dot_codes *w)
+{
+    static const uint8_t powers_of_three[5] = {1, 3, 9, 27, 81};
+    for (int j = 0; j < 8; j++) {
+        const int chunk = sub < 5 ? j : sub < 7 ? 8 + j % 4 : j < 4 ? 8 + j : 12;
+        const int trit = sub < 5 ? sub : sub < 7 ? 2 * (sub - 5) + j / 4 : j < 4 ? 4 : j - 4;
+        dot_trit_chunk(chunks + chunk * DOT_CHUNK, powers_of_three[trit], j, w);
+    }
+}
 
 /* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
 static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,

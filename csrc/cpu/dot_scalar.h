@@ -103,6 +103,43 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
+ * 2s..2s+1 are the codes of activations 8s+4t..8s+4t+3. */
+static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
+{
+    for (int t = 0; t < 2; t++) {
+        const vi words = chunk_words(chunks + t * DOT_CHUNK);
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 4; i++)
+                w->code[8 * s + 4 * t + i] = vi_field(words, 8 * i + 2 * s, 3);
+    }
+}
+
+/* tq1_0: chunk j's codes from a chunk of bytes of five trits (dot_record.h's dot_load_trits):
+ * ((v * power mod 256) * 3) >> 8 of each byte v. */
+static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
+{
+    const vi words = chunk_words(chunk);
+    for (int b = 0; b < 4; b++) {
+        vi r;
+        DV_LANEWISE((int32_t)((((((uint32_t)DOT_LANE(words, i) >> (8 * b)) * (uint32_t)power) &
+                               0xffu) * 3u) >> 8));
+        w->code[4 * j + b] = r;
+    }
+}
+
+/* q1_0's bits: the one chunk holds per row 4 bytes whose bit s is the bit of activation
+ * 4s + i (byte i); the code is twice the bit. */
+static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
+{
+    const vi words = chunk_words(chunks);
+    for (int s = 0; s < 8; s++)
+        for (int i = 0; i < 4; i++) {
+            const vi bit = vi_field(words, 8 * i + s, 1);
+            w->code[4 * s + i] = vi_add_scaled(bit, bit, 1);
+        }
+}
+
 #define dot_load_q8 dot_load_u8
 
 /* start + the sum over activations [from, to) of code * x. */

@@ -9,8 +9,8 @@
  * Invariant: output element (m, n) has the bits dot_body.h states, the same as on every other
  * level: a block of 32 is one tile step (activation rows of the block are the A tile, read in
  * place from the block-major quantized rows; the record's codes are the B tile, as stored for
- * byte codes and unpacked into bytes for q4, q2_k and q3_k codes; the halves of q6_k, q2_k and
- * q3_k are two steps), the
+ * byte codes and unpacked into bytes for q4, 2-bit, trit, 1-bit, q2_k and q3_k codes; the
+ * halves of q6_k, q2_k and q3_k are two steps), the
  * int32 sums are exact, and each block's float term is added into the fp32 accumulator in block
  * order by dot_record.h's dot_block_term, the one epilogue every level runs. Rows are cut into
  * tiles of up to 16, columns into the 16-row groups of the records: this decides which rows
@@ -58,11 +58,17 @@ static void configure_tiles(int rows, int halves)
 }
 
 /* The record's codes as B tile rows: row j holds each weight row's codes 4j..4j+3. */
-static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes)
+static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes,
+                                               ptrdiff_t b)
 {
-    if (!NIBBLE_CODES(format)) return codes;
+    if (!NIBBLE_CODES(format) && !CRUMB_CODES(format) && !SIGN_CODES(format) &&
+        !TRIT_CODES(format))
+        return codes;
     struct dot_codes w;
-    dot_load_q4(codes, &w);
+    if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
+    else if (TRIT_CODES(format)) dot_load_trits(codes, (int)(b % 8), &w);
+    else if (SIGN_CODES(format)) dot_load_signs(codes, &w);
+    else dot_load_q4(codes, &w);
     for (int j = 0; j < 8; j++) _mm512_store_si512((void *)tile_scratch.codes[j], w.code[j]);
     return tile_scratch.codes[0];
 }
@@ -145,9 +151,10 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
             dv acc[TILE_MAX_ROWS];
             for (int r = 0; r < rows; r++) acc[r] = dv_zero();
             for (ptrdiff_t b = 0; b < blocks; b++) {
-                const uint8_t *record = records + (size_t)b * record_bytes;
+                const uint8_t *next = records + (size_t)(b + DOT_PREFETCH_RECORDS) * record_bytes;
+                const uint8_t *record = dot_record_parameters(format, records, b, record_bytes);
                 for (size_t line = 0; line < record_bytes; line += 64)
-                    __builtin_prefetch(record + DOT_PREFETCH_RECORDS * record_bytes + line);
+                    __builtin_prefetch(next + line);
                 const ptrdiff_t index = b * p->rows + m0;
                 if (K_LOW(format)) {
                     tile_k_low_block(format, q, records, record_bytes, b, index, rows, acc);
@@ -158,7 +165,7 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
                 if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
                     second = dot_parameter(format, record, 1, 0);
                 tile_block_sums(format, q->values + index * QUANT_BLOCK,
-                                tile_codes(format, record + PARAMETER_BYTES(format)));
+                                tile_codes(format, dot_record_codes(format, record, b), b));
                 const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * index : NULL;
                 for (int r = 0; r < rows; r++) {
                     const vi isum = _mm512_add_epi32(
@@ -186,7 +193,8 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     static void tile_columns_##F(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end) \
     { tile_columns(F, p, first, end); }
 TILE_INSTANCE(2) TILE_INSTANCE(3) TILE_INSTANCE(4) TILE_INSTANCE(5) TILE_INSTANCE(6)
-TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9) TILE_INSTANCE(16) TILE_INSTANCE(17)
+TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9)
+TILE_INSTANCE(13) TILE_INSTANCE(14) TILE_INSTANCE(15) TILE_INSTANCE(16) TILE_INSTANCE(17)
 
 typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
 
@@ -194,7 +202,9 @@ typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, p
 static const tile_function tile_functions[FORMAT_COUNT - FORMAT_Q8_0] = {
     tile_columns_2, tile_columns_3, tile_columns_4, tile_columns_5, tile_columns_6,
     tile_columns_7, tile_columns_8, tile_columns_9,
-    [FORMAT_Q2_K - FORMAT_Q8_0] = tile_columns_16, [FORMAT_Q3_K - FORMAT_Q8_0] = tile_columns_17};
+    [FORMAT_TQ1_0 - FORMAT_Q8_0] = tile_columns_13, [FORMAT_TQ2_0 - FORMAT_Q8_0] = tile_columns_14,
+    [FORMAT_Q1_0 - FORMAT_Q8_0] = tile_columns_15, [FORMAT_Q2_K - FORMAT_Q8_0] = tile_columns_16,
+    [FORMAT_Q3_K - FORMAT_Q8_0] = tile_columns_17};
 
 #if DOT_GROUP != 16 || DOT_VW != 16 || DOT_Q8_CODE_BIAS != 128
 #error "the tile matmul reads a record's 16 rows as one tile of unsigned codes"

@@ -6,7 +6,9 @@
  * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned (q2_k and
  * q3_k keep d, dmin and their integer sub-scales apart, as dot_k_low.h lays out). It is the C
  * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
- * which tests hold it equal to.
+ * which tests hold it equal to. The ternary and 1-bit formats keep one scale per GGUF block
+ * (pack_shared_group), so that their records take the bytes their blocks take; tq1_0 keeps its
+ * five-trit bytes as stored, decoded by the kernels.
  */
 #include "pack_dot.h"
 
@@ -186,12 +188,82 @@ static void pack_k_low_group(const struct pack_job *job, ptrdiff_t group)
     }
 }
 
+/* The weights of one tq2_0 or q1_0 block as unsigned codes (2-bit codes 0..3, bits), in weight
+ * order; returns the block's float16 scale bits. */
+static uint16_t shared_block_codes(int format, const uint8_t *block, uint8_t *codes)
+{
+    uint16_t scale;
+    if (format == FORMAT_TQ2_0) {
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 4; l++)
+                for (int m = 0; m < 32; m++)
+                    codes[128 * h + 32 * l + m] = (uint8_t)((block[32 * h + m] >> (2 * l)) & 3);
+        memcpy(&scale, block + 64, 2);
+    } else {
+        for (int j = 0; j < 128; j++) codes[j] = (uint8_t)((block[2 + j / 8] >> (j % 8)) & 1);
+        memcpy(&scale, block, 2);
+    }
+    return scale;
+}
+
+/* One group's records for the formats whose blocks of 32 share a record's scales (dot_record.h):
+ * per GGUF block, the 16 rows' float16 scales, then the codes: tq1_0's bytes as stored, 4 of
+ * each row per chunk; per block of 32, tq2_0's 2-bit codes in two chunks (chunk t, row byte i:
+ * bits 2s..2s+1 hold code 8s+4t+i) or q1_0's bits in one (row byte i: bit s holds code 4s+i). */
+static void pack_shared_group(const struct pack_job *job, ptrdiff_t group)
+{
+    const int format = job->format, block_size = FORMAT_ROWS[format].block_size;
+    const int block_bytes = FORMAT_ROWS[format].block_bytes, crumbs = format == FORMAT_TQ2_0;
+    const size_t code_bytes = crumbs ? 2 * DOT_CHUNK : DOT_CHUNK;
+    const size_t shared_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes *
+                                (size_t)(block_size / QUANT_BLOCK);
+    const ptrdiff_t shared = job->blocks / (block_size / QUANT_BLOCK);
+    uint8_t *first = job->records + (size_t)group * (size_t)shared * shared_bytes;
+    memset(first, 0, (size_t)shared * shared_bytes); /* rows past the last stay zero */
+    for (int lane = 0; lane < DOT_GROUP; lane++) {
+        const ptrdiff_t n = group * DOT_GROUP + lane;
+        if (n >= job->rows) break;
+        const uint8_t *row = job->source + (size_t)n * job->row_bytes;
+        for (ptrdiff_t b = 0; b < shared; b++) {
+            if (format == FORMAT_TQ1_0) { /* the file's bytes of trits, 4 per chunk */
+                const uint8_t *block = row + b * block_bytes;
+                uint8_t *record = first + (size_t)b * shared_bytes;
+                memcpy(record + 2 * lane, block + 52, 2);
+                for (int c = 0; c < 13; c++)
+                    memcpy(record + 2 * DOT_GROUP + c * DOT_CHUNK + 4 * lane, block + 4 * c, 4);
+                continue;
+            }
+            uint8_t codes[256];
+            const uint16_t scale = shared_block_codes(format, row + b * block_bytes, codes);
+            uint8_t *record = first + (size_t)b * shared_bytes;
+            memcpy(record + 2 * lane, &scale, 2);
+            for (int k = 0; k < block_size / QUANT_BLOCK; k++) {
+                const uint8_t *c = codes + QUANT_BLOCK * k;
+                uint8_t *out = record + 2 * DOT_GROUP + (size_t)k * code_bytes + 4 * lane;
+                for (int i = 0; i < 4; i++) {
+                    if (crumbs)
+                        for (int t = 0; t < 2; t++)
+                            out[t * DOT_CHUNK + i] = (uint8_t)(
+                                c[4 * t + i] | c[8 + 4 * t + i] << 2 | c[16 + 4 * t + i] << 4 |
+                                c[24 + 4 * t + i] << 6);
+                    else
+                        for (int s = 0; s < 8; s++) out[i] |= (uint8_t)(c[4 * s + i] << s);
+                }
+            }
+        }
+    }
+}
+
 static void pack_group(void *context, ptrdiff_t group)
 {
     const struct pack_job *job = context;
     const int format = job->format;
     if (format == FORMAT_Q2_K || format == FORMAT_Q3_K) {
         pack_k_low_group(job, group);
+        return;
+    }
+    if (format == FORMAT_TQ1_0 || format == FORMAT_TQ2_0 || format == FORMAT_Q1_0) {
+        pack_shared_group(job, group);
         return;
     }
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;

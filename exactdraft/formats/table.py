@@ -19,6 +19,7 @@ import numpy as np
 
 import exactdraft.formats.dequantize as dequantize
 import exactdraft.formats.dequantize_lookup as dequantize_lookup
+import exactdraft.formats.ternary_blocks as ternary_blocks
 from exactdraft.errors import WeightError
 
 
@@ -96,6 +97,13 @@ _ROWS = (
                  dequantize_lookup.fields_iq4_xs),
     WeightFormat("mxfp4", 39, 32, 17, None, False, False, None, dequantize_lookup.values_mxfp4,
                  dequantize_lookup.fields_mxfp4),
+    # Ternary and 1-bit formats (formats/ternary_blocks.py).
+    WeightFormat("tq1_0", 34, 256, 54, 13, False, True, None, ternary_blocks.values_tq1_0,
+                 ternary_blocks.fields_tq1_0),
+    WeightFormat("tq2_0", 35, 256, 66, 14, False, True, None, ternary_blocks.values_tq2_0,
+                 ternary_blocks.fields_tq2_0),
+    WeightFormat("q1_0", 41, 128, 18, 15, False, True, None, ternary_blocks.values_q1_0,
+                 ternary_blocks.fields_q1_0),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
 _BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}

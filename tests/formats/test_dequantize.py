@@ -31,6 +31,7 @@ from exactdraft.formats import BLOCK_FORMATS
 from exactdraft.formats import FORMATS as ROWS
 from exactdraft.formats.dequantize import QK_K
 from tests.formats.test_dequantize_lookup import C_LOOPS as LOOKUP_C_LOOPS
+from tests.formats.test_ternary_blocks import TERNARY_C_LOOPS
 
 FORMATS = list(BLOCK_FORMATS)
 # (weights per block, bytes per block), as each format's row in exactdraft/formats/table.py
@@ -47,6 +48,9 @@ F16_FIELDS = {
 }
 # Byte offsets of e8m0 exponents, drawn where 2^(e - 128) times a code stays finite.
 E8M0_FIELDS = {"mxfp4": (0,)}
+F16_FIELDS.update({"tq1_0": (52,), "tq2_0": (64,), "q1_0": (0,)})
+# gguf 0.19 has no q1_0 dequantizer: q1_0 is held to ggml's C loop (C_LOOPS) instead.
+GGUF_READS = [fmt for fmt in FORMATS if fmt != "q1_0"]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +105,7 @@ def test_module_imports_only_numpy():
 
 
 @pytest.mark.parametrize("slabs", ["one slab", "many slabs"])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", GGUF_READS)
 def test_random_blocks_match_gguf_bit_for_bit(gguf, fmt, slabs, monkeypatch):
     block_size, _ = BLOCK_LAYOUT[fmt]
     rows, per_row = 37, 5
@@ -293,7 +297,8 @@ C_LOOPS = {
     "q6_k": _ref_q6_k,
     **LOOKUP_C_LOOPS,
 }
-WITHOUT_MIN = ("q8_0", "q4_0", "q5_0", "q3_k", "q6_k", *LOOKUP_C_LOOPS)
+C_LOOPS.update(TERNARY_C_LOOPS)
+WITHOUT_MIN = ("q8_0", "q4_0", "q5_0", "q3_k", "q6_k", *LOOKUP_C_LOOPS, *TERNARY_C_LOOPS)
 
 
 def _blocks_and_ours(fmt: str, seed: int) -> tuple[np.ndarray, np.ndarray]:

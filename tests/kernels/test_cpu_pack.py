@@ -22,6 +22,40 @@ pytestmark = pytest.mark.skipif(
 DOT_GROUP = 16
 NIBBLE_FORMATS = ("q4_0", "q4_1", "q4_k")
 FLOAT_PARAMETER_FORMATS = ("q4_k", "q5_k", "q6_k")
+SHARED = ("tq1_0", "tq2_0", "q1_0")  # one record's scales shared by its blocks of 32
+
+
+def shared_records(weight) -> np.ndarray:
+    """The ternary and 1-bit formats' records (dot_record.h): per group of 16 rows and GGUF
+    block, the 16 float16 scales, then the codes: tq1_0's 52 bytes of trits as stored, 4 bytes
+    of each row per chunk; per block of 32, 2-bit fields (tq2_0: two chunks, bits 2s..2s+1 of a
+    row's byte i in chunk t hold code 8s+4t+i) or bits (q1_0: one chunk, bit s of a row's byte i
+    holds the bit of code 4s+i)."""
+    fields = weight.row.block_fields(weight.data, weight.shape[1])
+    count, depth = weight.shape
+    per_block = weight.row.block_size // 32
+    blocks, groups = depth // weight.row.block_size, -(-count // DOT_GROUP)
+    scales = np.zeros((groups * DOT_GROUP, blocks), np.float16)
+    scales[:count] = fields.scales[:, ::per_block]
+    codes = np.zeros((groups * DOT_GROUP, blocks, per_block, 32), np.uint8)
+    codes[:count] = fields.codes.reshape(count, blocks, per_block, 32)
+    if weight.format == "tq1_0":
+        stored = np.zeros((groups * DOT_GROUP, blocks, 54), np.uint8)
+        stored[:count] = weight.data.reshape(count, blocks, 54)
+        chunks = stored[..., :52].reshape(groups * DOT_GROUP, blocks, 1, 13, 4)
+    elif weight.format == "q1_0":
+        bits = (codes // 2).reshape(*codes.shape[:3], 8, 4)  # [..., s, i]
+        packed = np.bitwise_or.reduce(bits << np.arange(8, dtype=np.uint8)[:, None], axis=-2)
+        chunks = packed[..., None, :]  # [.., chunk 0, byte i]
+    else:
+        crumbs = codes.reshape(*codes.shape[:3], 4, 2, 4)  # [..., s, t, i]
+        shifts = (2 * np.arange(4, dtype=np.uint8))[:, None, None]
+        chunks = np.bitwise_or.reduce(crumbs << shifts, axis=-3)  # [..., t, i]
+    by_group = chunks.reshape(groups, DOT_GROUP, blocks, chunks.shape[2], -1, 4)
+    code_bytes = by_group.transpose(0, 2, 3, 4, 1, 5).reshape(groups, blocks, -1)
+    scale_bytes = scales.reshape(groups, DOT_GROUP, blocks).transpose(0, 2, 1)
+    scale_bytes = np.ascontiguousarray(scale_bytes).view(np.uint8)
+    return np.concatenate([scale_bytes, code_bytes], axis=-1).reshape(groups, -1)
 
 
 def numpy_records(weight) -> np.ndarray:
@@ -109,7 +143,8 @@ def test_c_packing_equals_the_numpy_packing(format, rows):
     depth = 512
     weight = quantized_weight(format, rows, depth, np.random.default_rng(rows))
     packed = cpu.pack_matrix(weight, layout="dot")
-    assert packed.data.tobytes() == numpy_records(weight).tobytes()
+    reference = shared_records if format in SHARED else numpy_records
+    assert packed.data.tobytes() == reference(weight).tobytes()
 
 
 @pytest.mark.parametrize("format", ["q6_k", *K_LOW_FORMATS])

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(
 BLOCK_FORMATS = tuple(name for name, row in FORMATS.items() if row.integer_dot)
 # Byte offsets of each format's float16 fields within a block (the rest may be any bytes).
 HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
-               "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+               "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
+               "tq1_0": (52,), "tq2_0": (64,), "q1_0": (0,)}
 # q2_k and q3_k: the kernel applies their integer sub-scales to each half's exact sum and the
 # super-block's float16 d (and -dmin) in the float steps.
 K_LOW_FORMATS = ("q2_k", "q3_k")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import exactdraft.formats.dequantize as dequantize
+import exactdraft.formats.dequantize_lookup as dequantize_lookup
 from exactdraft.errors import WeightError
 
 
@@ -88,6 +89,13 @@ _ROWS = (
     WeightFormat("q4_k", 12, 256, 144, 7, False, True, None, _dq.values_q4_k, _dq.fields_q4_k),
     WeightFormat("q5_k", 13, 256, 176, 8, False, True, None, _dq.values_q5_k, _dq.fields_q5_k),
     WeightFormat("q6_k", 14, 256, 210, 9, False, True, None, _dq.values_q6_k, _dq.fields_q6_k),
+    # 4-bit codes through a 16-entry table (formats/dequantize_lookup.py)
+    WeightFormat("iq4_nl", 20, 32, 18, None, False, False, None, dequantize_lookup.values_iq4_nl,
+                 dequantize_lookup.fields_iq4_nl),
+    WeightFormat("iq4_xs", 23, 256, 136, None, False, False, None, dequantize_lookup.values_iq4_xs,
+                 dequantize_lookup.fields_iq4_xs),
+    WeightFormat("mxfp4", 39, 32, 17, None, False, False, None, dequantize_lookup.values_mxfp4,
+                 dequantize_lookup.fields_mxfp4),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
 _BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}

@@ -30,6 +30,7 @@ import exactdraft.formats.dequantize as dq
 from exactdraft.formats import BLOCK_FORMATS
 from exactdraft.formats import FORMATS as ROWS
 from exactdraft.formats.dequantize import QK_K
+from tests.formats.test_dequantize_lookup import C_LOOPS as LOOKUP_C_LOOPS
 
 FORMATS = list(BLOCK_FORMATS)
 # (weights per block, bytes per block), as each format's row in exactdraft/formats/table.py
@@ -42,7 +43,10 @@ DEQUANTIZE = {fmt: ROWS[fmt].dequantize for fmt in FORMATS}
 F16_FIELDS = {
     "q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
     "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
+    "iq4_nl": (0,), "iq4_xs": (0,), "mxfp4": (),
 }
+# Byte offsets of e8m0 exponents, drawn where 2^(e - 128) times a code stays finite.
+E8M0_FIELDS = {"mxfp4": (0,)}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,8 @@ def random_rows(fmt: str, rows: int, blocks_per_row: int, seed: int) -> np.ndarr
         value = 2.0 ** rng.uniform(-16, 4, size=size) * rng.choice([-1.0, 1.0], size=size)
         value[rng.random(size) < 0.05] = 0.0
         data[:, :, at:at + 2] = value.astype("<f2").view(np.uint8).reshape(*size, 2)
+    for at in E8M0_FIELDS.get(fmt, ()):
+        data[:, :, at] = rng.integers(0, 250, size=(rows, blocks_per_row), dtype=np.uint8)
     return data.reshape(rows, blocks_per_row * block_bytes)
 
 
@@ -285,8 +291,9 @@ C_LOOPS = {
     "q4_k": lambda b, F: _ref_qk(b, F, False),
     "q5_k": lambda b, F: _ref_qk(b, F, True),
     "q6_k": _ref_q6_k,
+    **LOOKUP_C_LOOPS,
 }
-WITHOUT_MIN = ("q8_0", "q4_0", "q5_0", "q3_k", "q6_k")
+WITHOUT_MIN = ("q8_0", "q4_0", "q5_0", "q3_k", "q6_k", *LOOKUP_C_LOOPS)
 
 
 def _blocks_and_ours(fmt: str, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -115,3 +115,5 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows
 #define dot_load_u8 dot_load_q8
+
+#include "dot_lookup_avx512vnni.h"

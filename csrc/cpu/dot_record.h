@@ -7,6 +7,8 @@
  * that feeds them the same exact integer sums writes the same bits.
  */
 
+#include "lookup_values.h"
+
 /* How many records ahead of the one in use the kernels prefetch. */
 #define DOT_PREFETCH_RECORDS 16
 
@@ -18,14 +20,24 @@
 /* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
  * start is 0 and the row functions get starts = NULL. */
 #define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
-                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0))
+                        (((F) == FORMAT_Q8_0 || LOOKUP_CODES(F)) && DOT_Q8_CODE_BIAS != 0))
 #define PARAMETER_BYTES(F) \
-    ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+    (LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : \
+     (FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+
+/* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl. */
+static ALWAYS_INLINE dv dot_lookup_scale(const int format, const uint8_t *record,
+                                         ptrdiff_t lane0)
+{
+    (void)format;
+    return dv_load_half((const uint16_t *)record + lane0);
+}
 
 /* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
 static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,
                                       ptrdiff_t lane0)
 {
+    if (LOOKUP_CODES(format)) return dot_lookup_scale(format, record, lane0);
     if (FLOAT_PARAMETERS(format))
         return dv_load((const float *)record + which * DOT_GROUP + lane0);
     return dv_load_half((const uint16_t *)record + which * DOT_GROUP + lane0);

@@ -136,3 +136,5 @@ static inline void dot_u8_halves(const struct dot_codes *w, const int8_t *x,
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows
+
+#include "dot_lookup_scalar.h"

@@ -58,9 +58,10 @@ static void configure_tiles(int rows, int halves)
 /* The record's codes as B tile rows: row j holds each weight row's codes 4j..4j+3. */
 static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes)
 {
-    if (!NIBBLE_CODES(format)) return codes;
+    if (!NIBBLE_CODES(format) && !LOOKUP_CODES(format)) return codes;
     struct dot_codes w;
-    dot_load_q4(codes, &w);
+    if (LOOKUP_CODES(format)) dot_load_lookup(lookup_values(format), codes, &w);
+    else dot_load_q4(codes, &w);
     for (int j = 0; j < 8; j++) _mm512_store_si512((void *)tile_scratch.codes[j], w.code[j]);
     return tile_scratch.codes[0];
 }
@@ -155,13 +156,15 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     { tile_columns(F, p, first, end); }
 TILE_INSTANCE(2) TILE_INSTANCE(3) TILE_INSTANCE(4) TILE_INSTANCE(5) TILE_INSTANCE(6)
 TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9)
+TILE_INSTANCE(10)
 
 typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
 
 /* By format code minus FORMAT_Q8_0. */
 static const tile_function tile_functions[FORMAT_COUNT - FORMAT_Q8_0] = {
     tile_columns_2, tile_columns_3, tile_columns_4, tile_columns_5, tile_columns_6,
-    tile_columns_7, tile_columns_8, tile_columns_9};
+    tile_columns_7, tile_columns_8, tile_columns_9,
+    tile_columns_10};
 
 #if DOT_GROUP != 16 || DOT_VW != 16 || DOT_Q8_CODE_BIAS != 128
 #error "the tile matmul reads a record's 16 rows as one tile of unsigned codes"

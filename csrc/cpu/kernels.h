@@ -41,6 +41,8 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
  *   q5_0, q5_1, q5_k, q6_k): chunk j (0..7) holds per row codes 4j..4j+3, one byte each (q8_0
  *   as w + 128);
  * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 128, else 0.
+ * The lookup formats (iq4_nl...) read as w = scale * TABLE[code] instead: lookup_values.h
+ * says what their records hold (nibble codes as q4_0's, then read through the table).
  * A last, partial group is padded with zero records. */
 #define DOT_GROUP 16
 #define DOT_CHUNK 64

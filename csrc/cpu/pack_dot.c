@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "lookup_values.h"
 #include "thread_pool.h"
 
 static float half_at(const uint8_t *p)
@@ -49,6 +50,7 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         for (int i = 0; i < 32; i++) out->codes[i] = block[2 + i] ^ 0x80;
         return;
     case FORMAT_Q4_0:
+    case FORMAT_IQ4_NL: /* q4_0's block; its nibbles index IQ4_VALUES */
     case FORMAT_Q4_1: {
         const int minimum = format == FORMAT_Q4_1;
         block = row + b * (minimum ? 20 : 18);
@@ -124,7 +126,8 @@ static void pack_group(void *context, ptrdiff_t group)
     const struct pack_job *job = context;
     const int format = job->format;
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K;
+    const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K ||
+                        LOOKUP_CODES(format);
     const int floats = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;
     const int two = format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || floats;
     const size_t parameter_bytes = (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);

@@ -9,6 +9,7 @@ import pytest
 
 from exactdraft.formats import FORMATS
 from exactdraft.kernels import cpu
+from tests.kernels.test_cpu_lookup import LOOKUP_FORMATS, lookup_records
 from tests.kernels.test_cpu_quantized import BLOCK_FORMATS, quantized_weight
 
 pytestmark = pytest.mark.skipif(
@@ -22,6 +23,8 @@ FLOAT_PARAMETER_FORMATS = ("q4_k", "q5_k", "q6_k")
 def numpy_records(weight) -> np.ndarray:
     """kernels.h's dot layout from the block fields: per group of 16 rows and block of 32, the
     parameters (float16, float32 for the k formats) then the codes in 64-byte chunks."""
+    if weight.format in LOOKUP_FORMATS:
+        return lookup_records(weight)
     fields = weight.row.block_fields(weight.data, weight.shape[1])
     count, depth = weight.shape
     blocks, groups = depth // 32, -(-count // DOT_GROUP)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 BLOCK_FORMATS = tuple(name for name, row in FORMATS.items() if row.integer_dot)
 # Byte offsets of each format's float16 fields within a block (the rest may be any bytes).
 HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
-               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
 
 
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import exactdraft as xd
+from exactdraft.formats import FORMATS
 from exactdraft.kernels import cpu
 from tests.conftest import needs_smollm2
 from tests.engine.rows import ContextRows
@@ -73,7 +74,7 @@ def sweep(level: str, format: str, depth: int, columns: int = 37, most_rows: int
 
 def depths(format: str) -> tuple[int, ...]:
     """K of one, two and an odd number (3) of the format's blocks."""
-    block = 256 if format.endswith("_k") else 32
+    block = FORMATS[format].block_size
     return (block, 2 * block, 3 * block)
 
 

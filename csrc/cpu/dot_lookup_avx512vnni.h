@@ -1,0 +1,24 @@
+/* The lookup formats' primitives (lookup_values.h) for dot_avx512vnni.h (and the tile levels,
+ * which read the same codes as B tiles): one byte shuffle turns 64 nibble codes into their
+ * table values plus 128 (DOT_Q8_CODE_BIAS), unsigned bytes that vpdpbusd multiplies exactly;
+ * the starts take 128 * sum(x) back out.
+ */
+#include "lookup_values.h"
+
+/* code[j] (activations 4j..4j+3 of the 16 rows): table value + 128, as unsigned bytes. */
+static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
+                                   struct dot_codes *w)
+{
+    const __m128i signed_values = _mm_loadu_si128((const __m128i *)table);
+    const __m512i values = _mm512_broadcast_i32x4(
+        _mm_xor_si128(signed_values, _mm_set1_epi8((char)0x80)));
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    for (int t = 0; t < 4; t++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm512_shuffle_epi8(values, _mm512_and_si512(bytes, nibble));
+        w->code[t + 4] = _mm512_shuffle_epi8(
+            values, _mm512_and_si512(_mm512_srli_epi32(bytes, 4), nibble));
+    }
+}
+
+#define dot_lookup_rows dot_rows

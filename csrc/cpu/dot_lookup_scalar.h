@@ -1,0 +1,17 @@
+/* The lookup formats' primitives (lookup_values.h) for dot_scalar.h: each nibble code becomes
+ * its table value plus DOT_Q8_CODE_BIAS, an unsigned byte code like q8_0's, which dot_rows sums
+ * exactly and the starts take the bias back out of.
+ */
+#include "lookup_values.h"
+
+/* Row c's lane of code[k]: table[nibble k of row c] + DOT_Q8_CODE_BIAS. */
+static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
+                                   struct dot_codes *w)
+{
+    dot_load_q4(chunks, w);
+    for (int k = 0; k < 32; k++)
+        for (int i = 0; i < DOT_VW; i++)
+            DOT_LANE(w->code[k], i) = table[DOT_LANE(w->code[k], i)] + DOT_Q8_CODE_BIAS;
+}
+
+#define dot_lookup_rows dot_rows

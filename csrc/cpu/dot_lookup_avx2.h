@@ -19,6 +19,12 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
     }
 }
 
+/* 8 int8 values as floats (exact). */
+static inline dv dv_load_int8(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* isum[r] = starts[2 r] + sum of w * x_r for the signed table values w. */
 static ALWAYS_INLINE void dot_lookup_rows(const struct dot_codes *w, const int8_t *x,
                                           const int32_t *starts, const int rows, vi *isum)

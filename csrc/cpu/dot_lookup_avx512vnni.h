@@ -22,3 +22,9 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 }
 
 #define dot_lookup_rows dot_rows
+
+/* 16 int8 values as floats (exact). */
+static inline dv dv_load_int8(const int8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}

@@ -23,3 +23,10 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 }
 
 #define dot_lookup_rows dot_rows
+
+/* 4 int8 values as floats (exact). */
+static inline dv dv_load_int8(const int8_t *p)
+{
+    const int32_t lanes[4] = {p[0], p[1], p[2], p[3]};
+    return vcvtq_f32_s32(vld1q_s32(lanes));
+}

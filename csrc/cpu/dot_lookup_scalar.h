@@ -15,3 +15,11 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 }
 
 #define dot_lookup_rows dot_rows
+
+/* DOT_VW int8 values as floats (exact). */
+static inline dv dv_load_int8(const int8_t *p)
+{
+    dv r;
+    DV_LANEWISE((float)p[i]);
+    return r;
+}

@@ -25,12 +25,15 @@
     (LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : \
      (FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
 
-/* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl. */
+/* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl; the
+ * float32 product d * (ls - 32) of iq4_xs (exact: at most 17 significant bits). */
 static ALWAYS_INLINE dv dot_lookup_scale(const int format, const uint8_t *record,
                                          ptrdiff_t lane0)
 {
-    (void)format;
-    return dv_load_half((const uint16_t *)record + lane0);
+    const dv d = dv_load_half((const uint16_t *)record + lane0);
+    if (format == FORMAT_IQ4_XS)
+        return dv_mul(d, dv_load_int8((const int8_t *)record + 2 * DOT_GROUP + lane0));
+    return d;
 }
 
 /* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */

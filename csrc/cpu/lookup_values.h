@@ -17,9 +17,9 @@
 
 #include "formats.h"
 
-#define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL)
+#define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL || (F) == FORMAT_IQ4_XS)
 /* Bytes of a record's parameters for 16 rows. */
-#define LOOKUP_PARAMETER_BYTES(F) (2 * 16)
+#define LOOKUP_PARAMETER_BYTES(F) ((F) == FORMAT_IQ4_XS ? 3 * 16 : 2 * 16)
 
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};

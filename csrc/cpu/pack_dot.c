@@ -108,6 +108,22 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         }
         return;
     }
+    case FORMAT_IQ4_XS: {
+        block = row + (b / 8) * 136;
+        const int j = (int)(b % 8);
+        uint16_t high;
+        memcpy(out->halves, block, 2);
+        memcpy(&high, block + 2, 2);
+        const int ls =
+            ((block[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4);
+        out->halves[1] = (uint16_t)(int8_t)(ls - 32); /* the record keeps ls - 32 as an int8 */
+        const uint8_t *qs = block + 8 + 16 * j;
+        for (int i = 0; i < 16; i++) {
+            out->codes[i] = qs[i] & 0x0F;
+            out->codes[i + 16] = qs[i] >> 4;
+        }
+        return;
+    }
     default:
         return;
     }
@@ -130,7 +146,9 @@ static void pack_group(void *context, ptrdiff_t group)
                         LOOKUP_CODES(format);
     const int floats = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;
     const int two = format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || floats;
-    const size_t parameter_bytes = (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);
+    const size_t parameter_bytes = LOOKUP_CODES(format)
+                                       ? (size_t)LOOKUP_PARAMETER_BYTES(format)
+                                       : (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);
     uint8_t *first = job->records + (size_t)group * (size_t)job->blocks * record_bytes;
     memset(first, 0, (size_t)job->blocks * record_bytes); /* rows past the last stay zero */
     for (int lane = 0; lane < DOT_GROUP; lane++) {
@@ -141,6 +159,8 @@ static void pack_group(void *context, ptrdiff_t group)
             struct block_parts parts = {{0}, {0}, {0}};
             decode(format, row, b, &parts);
             uint8_t *record = first + (size_t)b * record_bytes;
+            if (format == FORMAT_IQ4_XS) /* float16 d, then the int8 ls - 32 */
+                record[2 * DOT_GROUP + lane] = (uint8_t)parts.halves[1];
             for (int p = 0; p < (two ? 2 : 1); p++) {
                 if (floats) memcpy(record + 4 * (p * DOT_GROUP + lane), &parts.floats[p], 4);
                 else memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);

@@ -92,7 +92,7 @@ _ROWS = (
     # 4-bit codes through a 16-entry table (formats/dequantize_lookup.py)
     WeightFormat("iq4_nl", 20, 32, 18, 10, False, True, None, dequantize_lookup.values_iq4_nl,
                  dequantize_lookup.fields_iq4_nl),
-    WeightFormat("iq4_xs", 23, 256, 136, None, False, False, None, dequantize_lookup.values_iq4_xs,
+    WeightFormat("iq4_xs", 23, 256, 136, 11, False, True, None, dequantize_lookup.values_iq4_xs,
                  dequantize_lookup.fields_iq4_xs),
     WeightFormat("mxfp4", 39, 32, 17, None, False, False, None, dequantize_lookup.values_mxfp4,
                  dequantize_lookup.fields_mxfp4),

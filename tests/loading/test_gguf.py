@@ -377,7 +377,7 @@ def test_unsupported_architecture_is_named(tmp_path, write_gguf):
         load_gguf(path)
 
 
-@pytest.mark.parametrize("kind", ["Q8_1", "IQ4_NL", "Q8_K"])
+@pytest.mark.parametrize("kind", ["Q8_1", "IQ2_XXS", "Q8_K"])
 def test_unsupported_tensor_type_is_named(tmp_path, write_gguf, kind):
     block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     spec = (np.zeros((8, block_bytes), np.uint8), kind, "raw")

@@ -146,13 +146,13 @@ typedef void (*dot_function)(const struct dot_args *a);
 
 DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4) DOT_INSTANCES(5) DOT_INSTANCES(6)
 DOT_INSTANCES(7) DOT_INSTANCES(8) DOT_INSTANCES(9)
-DOT_INSTANCES(10) DOT_INSTANCES(11)
+DOT_INSTANCES(10) DOT_INSTANCES(11) DOT_INSTANCES(12)
 
 /* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 and up). */
 static const dot_function dot_tiles[FORMAT_COUNT - FORMAT_Q8_0][DOT_TILE_ROWS] = {
     DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4), DOT_TABLE(5), DOT_TABLE(6), DOT_TABLE(7),
     DOT_TABLE(8), DOT_TABLE(9),
-    DOT_TABLE(10), DOT_TABLE(11)};
+    DOT_TABLE(10), DOT_TABLE(11), DOT_TABLE(12)};
 
 /* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are

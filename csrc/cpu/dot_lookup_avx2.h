@@ -19,6 +19,16 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
     }
 }
 
+/* 8 e8m0 bytes as their scales 2^(e - 128) (lookup_values.h's e8m0_half). */
+static inline dv dv_load_e8m0_half(const uint8_t *p)
+{
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small));
+}
+
 /* 8 int8 values as floats (exact). */
 static inline dv dv_load_int8(const int8_t *p)
 {

@@ -23,6 +23,16 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 
 #define dot_lookup_rows dot_rows
 
+/* 16 e8m0 bytes as their scales 2^(e - 128) (lookup_values.h's e8m0_half). */
+static inline dv dv_load_e8m0_half(const uint8_t *p)
+{
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 small = _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(1));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+}
+
 /* 16 int8 values as floats (exact). */
 static inline dv dv_load_int8(const int8_t *p)
 {

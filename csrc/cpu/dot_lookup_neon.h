@@ -24,6 +24,13 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 
 #define dot_lookup_rows dot_rows
 
+/* 4 e8m0 bytes as their scales 2^(e - 128). */
+static inline dv dv_load_e8m0_half(const uint8_t *p)
+{
+    const float lanes[4] = {e8m0_half(p[0]), e8m0_half(p[1]), e8m0_half(p[2]), e8m0_half(p[3])};
+    return vld1q_f32(lanes);
+}
+
 /* 4 int8 values as floats (exact). */
 static inline dv dv_load_int8(const int8_t *p)
 {

@@ -16,6 +16,14 @@ static inline void dot_load_lookup(const int8_t *table, const uint8_t *chunks,
 
 #define dot_lookup_rows dot_rows
 
+/* DOT_VW e8m0 bytes as their scales 2^(e - 128). */
+static inline dv dv_load_e8m0_half(const uint8_t *p)
+{
+    dv r;
+    DV_LANEWISE(e8m0_half(p[i]));
+    return r;
+}
+
 /* DOT_VW int8 values as floats (exact). */
 static inline dv dv_load_int8(const int8_t *p)
 {

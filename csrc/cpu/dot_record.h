@@ -26,10 +26,12 @@
      (FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
 
 /* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl; the
- * float32 product d * (ls - 32) of iq4_xs (exact: at most 17 significant bits). */
+ * float32 product d * (ls - 32) of iq4_xs (exact: at most 17 significant bits); mxfp4's
+ * 2^(e - 128). */
 static ALWAYS_INLINE dv dot_lookup_scale(const int format, const uint8_t *record,
                                          ptrdiff_t lane0)
 {
+    if (format == FORMAT_MXFP4) return dv_load_e8m0_half(record + lane0);
     const dv d = dv_load_half((const uint16_t *)record + lane0);
     if (format == FORMAT_IQ4_XS)
         return dv_mul(d, dv_load_int8((const int8_t *)record + 2 * DOT_GROUP + lane0));

@@ -156,7 +156,7 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     { tile_columns(F, p, first, end); }
 TILE_INSTANCE(2) TILE_INSTANCE(3) TILE_INSTANCE(4) TILE_INSTANCE(5) TILE_INSTANCE(6)
 TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9)
-TILE_INSTANCE(10) TILE_INSTANCE(11)
+TILE_INSTANCE(10) TILE_INSTANCE(11) TILE_INSTANCE(12)
 
 typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
 
@@ -164,7 +164,7 @@ typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, p
 static const tile_function tile_functions[FORMAT_COUNT - FORMAT_Q8_0] = {
     tile_columns_2, tile_columns_3, tile_columns_4, tile_columns_5, tile_columns_6,
     tile_columns_7, tile_columns_8, tile_columns_9,
-    tile_columns_10, tile_columns_11};
+    tile_columns_10, tile_columns_11, tile_columns_12};
 
 #if DOT_GROUP != 16 || DOT_VW != 16 || DOT_Q8_CODE_BIAS != 128
 #error "the tile matmul reads a record's 16 rows as one tile of unsigned codes"

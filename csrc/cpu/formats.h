@@ -22,7 +22,8 @@
     X(Q5_K, 8, "q5_k", 256, 176, 0, 128 + 512)     \
     X(Q6_K, 9, "q6_k", 256, 210, 0, 128 + 512)     \
     X(IQ4_NL, 10, "iq4_nl", 32, 18, 0, 32 + 256)   \
-    X(IQ4_XS, 11, "iq4_xs", 256, 136, 0, 48 + 256)
+    X(IQ4_XS, 11, "iq4_xs", 256, 136, 0, 48 + 256) \
+    X(MXFP4, 12, "mxfp4", 32, 17, 0, 16 + 256)
 
 #define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) FORMAT_##ID = CODE,
 enum weight_format { WEIGHT_FORMATS(FORMAT_ENUM_ENTRY) FORMAT_COUNT };

@@ -17,18 +17,29 @@
 
 #include "formats.h"
 
-#define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL || (F) == FORMAT_IQ4_XS)
+#define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL || (F) == FORMAT_IQ4_XS || (F) == FORMAT_MXFP4)
 /* Bytes of a record's parameters for 16 rows. */
-#define LOOKUP_PARAMETER_BYTES(F) ((F) == FORMAT_IQ4_XS ? 3 * 16 : 2 * 16)
+#define LOOKUP_PARAMETER_BYTES(F) \
+    ((F) == FORMAT_IQ4_XS ? 3 * 16 : (F) == FORMAT_MXFP4 ? 16 : 2 * 16)
 
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* The table of a lookup format. */
 static inline const int8_t *lookup_values(int format)
 {
-    (void)format;
-    return IQ4_VALUES;
+    return format == FORMAT_MXFP4 ? MXFP4_VALUES : IQ4_VALUES;
+}
+
+/* 2^(e - 128), half the e8m0 scale 2^(e - 127), as ggml's ggml_e8m0_to_fp32_half: e = 0 and 1
+ * give the subnormals 2^-128 and 2^-127, the rest the exponent field e - 1. */
+static inline float e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
 #endif

@@ -5,7 +5,9 @@
  * for bit and the k formats' float32 parameters formed as the single float32 products ggml forms
  * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned. It is the C
  * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
- * which tests hold it equal to.
+ * which tests hold it equal to. The lookup formats' records (lookup_values.h) keep their stored
+ * nibbles, which index the format's table, and their parameters as stored; tests hold them
+ * equal to a numpy packing of the raw blocks.
  */
 #include "pack_dot.h"
 
@@ -108,6 +110,15 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         }
         return;
     }
+    case FORMAT_MXFP4: {
+        block = row + b * 17;
+        out->halves[0] = block[0]; /* the e8m0 byte */
+        for (int i = 0; i < 16; i++) {
+            out->codes[i] = block[1 + i] & 0x0F;
+            out->codes[i + 16] = block[1 + i] >> 4;
+        }
+        return;
+    }
     case FORMAT_IQ4_XS: {
         block = row + (b / 8) * 136;
         const int j = (int)(b % 8);
@@ -161,7 +172,8 @@ static void pack_group(void *context, ptrdiff_t group)
             uint8_t *record = first + (size_t)b * record_bytes;
             if (format == FORMAT_IQ4_XS) /* float16 d, then the int8 ls - 32 */
                 record[2 * DOT_GROUP + lane] = (uint8_t)parts.halves[1];
-            for (int p = 0; p < (two ? 2 : 1); p++) {
+            if (format == FORMAT_MXFP4) record[lane] = (uint8_t)parts.halves[0];
+            else for (int p = 0; p < (two ? 2 : 1); p++) {
                 if (floats) memcpy(record + 4 * (p * DOT_GROUP + lane), &parts.floats[p], 4);
                 else memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);
             }

@@ -94,7 +94,7 @@ _ROWS = (
                  dequantize_lookup.fields_iq4_nl),
     WeightFormat("iq4_xs", 23, 256, 136, 11, False, True, None, dequantize_lookup.values_iq4_xs,
                  dequantize_lookup.fields_iq4_xs),
-    WeightFormat("mxfp4", 39, 32, 17, None, False, False, None, dequantize_lookup.values_mxfp4,
+    WeightFormat("mxfp4", 39, 32, 17, 12, False, True, None, dequantize_lookup.values_mxfp4,
                  dequantize_lookup.fields_mxfp4),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import exactdraft.formats.dequantize_lookup as lookup
-from exactdraft.formats import FORMATS
+from exactdraft.formats import FORMATS, QuantizedTensor
 from exactdraft.kernels import cpu
 from tests.kernels.conftest import bits
 from tests.kernels.test_cpu_quantized import awkward_rows, dot_reference, quantized_weight
@@ -112,3 +112,20 @@ def test_another_table_is_caught(format, monkeypatch):
     table = "MXFP4_VALUES" if format == "mxfp4" else "IQ4_VALUES"
     monkeypatch.setattr(lookup, table, np.arange(-8, 8, dtype=np.int8))
     assert kernel.tobytes() != bits(dot_reference(x, weight)).tobytes()
+
+
+@pytest.mark.skipif("mxfp4" not in LOOKUP_FORMATS, reason="mxfp4 has no dot kernel")
+def test_mxfp4_subnormal_and_large_scales_on_every_level():
+    """Random codes with exponents from 0 (the subnormal scale 2^-128) to 180: every level gives
+    the emulation's bits, products that underflow included."""
+    rng = np.random.default_rng(43)
+    blocks = rng.integers(0, 256, (40 * 8, 17), dtype=np.uint8)
+    blocks[:, 0] = rng.integers(0, 181, blocks.shape[0])
+    blocks[:8, 0] = (0, 1, 2, 3, 0, 1, 127, 180)
+    weight = QuantizedTensor("mxfp4", blocks.reshape(40, -1), (40, 256))
+    packed = cpu.pack_matrix(weight, layout="dot")
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    expected = bits(dot_reference(x, weight)).tobytes()
+    assert (bits(dot_reference(x, weight))[:, 0] != 0).any()
+    for level in ALL_LEVELS:
+        assert outputs(level, x, packed, None).tobytes() == expected, level

@@ -30,7 +30,7 @@ HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1":
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:
     """gguf's own quantization of normal weights where gguf quantizes the format, else random
     blocks with finite float16 scales of either sign."""
-    if format in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+    if format in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"):
         return weight_source(format, rng.standard_normal((rows, depth)).astype(np.float32))
     row = FORMATS[format]
     blocks = rng.integers(0, 256, (rows * depth // row.block_size, row.block_bytes),

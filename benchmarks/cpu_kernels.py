@@ -58,12 +58,29 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
         patterns = (dense.view(np.uint32) >> 16).astype(np.uint16)
         return cpu.pack_matrix(patterns, "bf16"), (patterns.astype(np.uint32) << 16).view(
             np.float32)
+    tensor = QuantizedTensor(format, stored_blocks(format, dense), dense.shape)
+    return cpu.pack_matrix(tensor, layout="dot" if dot else "grouped"), tensor.dequantize()
+
+
+def stored_blocks(format: str, dense: np.ndarray) -> np.ndarray:
+    """gguf's quantization of `dense`, or for formats gguf cannot quantize (iq4_nl, iq4_xs)
+    random codes with the float16 d at the start of each block (the speed does not depend on
+    the values)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
-    tensor = QuantizedTensor(format, blocks, dense.shape)
-    return cpu.pack_matrix(tensor, layout="dot" if dot else "grouped"), tensor.dequantize()
+    from exactdraft.formats import FORMATS
+
+    try:
+        return quantize(dense, getattr(GGMLQuantizationType, format.upper()))
+    except NotImplementedError:
+        row = FORMATS[format]
+        rng = np.random.default_rng(1)
+        rows, depth = dense.shape
+        blocks = rng.integers(0, 256, (rows * depth // row.block_size, row.block_bytes),
+                              dtype=np.uint8)
+        blocks[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        return blocks.reshape(rows, -1)
 
 
 def measure(format: str, depth: int, columns: int, repeat: int, rng) -> str:
@@ -154,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in DEFAULT_SHAPES))
     parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                        help="any of f32, bf16, q8_0, q4_0, q4_1, and q8_0-dot, q4_0-dot, q4_1-dot")
+                        help="any of f32, bf16, q8_0, q4_0, q4_1, and <block format>-dot "
+                             "(q8_0-dot, q4_1-dot, q6_k-dot, iq4_nl-dot, mxfp4-dot, ...)")
     parser.add_argument("--model", action="store_true",
                         help="time SmolLM2 decode steps and verify passes instead")
     parser.add_argument("--context", type=int, default=200)

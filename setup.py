@@ -62,6 +62,11 @@ HEADERS = [
     "csrc/cpu/dot_avx2.h",
     "csrc/cpu/dot_avx512vnni.h",
     "csrc/cpu/dot_neon.h",
+    "csrc/cpu/lookup_values.h",
+    "csrc/cpu/dot_lookup_scalar.h",
+    "csrc/cpu/dot_lookup_avx2.h",
+    "csrc/cpu/dot_lookup_avx512vnni.h",
+    "csrc/cpu/dot_lookup_neon.h",
 ]
 UNIX_FLAGS = ["-std=c11", "-O3", "-g0", "-ffp-contract=off", "-fno-math-errno",
               "-fvisibility=hidden", "-pthread", "-Wall", "-Wno-psabi"]

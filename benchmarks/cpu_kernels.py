@@ -29,8 +29,10 @@ import numpy as np
 DEFAULT_SHAPES = ((576, 1536), (1536, 576), (576, 49152))
 # Byte offsets of the float16 scales in the blocks of formats gguf does not quantize: those are
 # timed on random blocks with small scales (the speed does not depend on the values).
+# The formats gguf cannot quantize are timed on random blocks (the speed does not depend on the
+# values): the byte offsets of their float16 fields.
 RANDOM_BLOCK_HALVES = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
-                       "q6_k": (208,)}
+                       "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
 DEFAULT_FORMATS = ("f32", "q4_1", "q4_1-dot")
 VERIFY_WIDTHS = (1, 2, 4, 8, 16)
 
@@ -180,9 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in DEFAULT_SHAPES))
     parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                        help="any of f32, bf16, q8_0, q4_0, q4_1, and q8_0-dot, q4_0-dot, "
-                             "q4_1-dot, tq1_0-dot, tq2_0-dot, q1_0-dot (K a multiple of the "
-                             "format's block: 256, 256, 128)")
+                        help="any of f32, bf16, q8_0, q4_0, q4_1, and <block format>-dot "
+                             "(q8_0-dot, q4_1-dot, q6_k-dot, iq4_nl-dot, mxfp4-dot, tq1_0-dot, "
+                             "...; K a multiple of the format's block)")
     parser.add_argument("--model", action="store_true",
                         help="time SmolLM2 decode steps and verify passes instead")
     parser.add_argument("--context", type=int, default=200)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "amx_probe.h"
+#include "lookup_values.h"
 #include "thread_pool.h"
 
 /* Below these amounts of work a call runs on the calling thread: waking workers costs more. */
@@ -194,7 +195,7 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
     const int32_t offset = format == FORMAT_Q4_0   ? 8
                            : format == FORMAT_Q5_0 ? 16
                            : format == FORMAT_Q6_K ? 32
-                           : format == FORMAT_Q8_0 ? q8_code_bias
+                           : format == FORMAT_Q8_0 || LOOKUP_CODES(format) ? q8_code_bias
                            : format == FORMAT_Q3_K ? 4
                            : format == FORMAT_Q2_K ? -1 /* the halves' sums themselves */
                            : format == FORMAT_TQ1_0 || format == FORMAT_TQ2_0 ||

@@ -198,3 +198,5 @@ static ALWAYS_INLINE void dot_q8_rows(const struct dot_codes *w, const int8_t *x
         }
     }
 }
+
+#include "dot_lookup_avx2.h"

@@ -167,3 +167,5 @@ static inline vi vi_lanes_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows
 #define dot_load_u8 dot_load_q8
+
+#include "dot_lookup_avx512vnni.h"

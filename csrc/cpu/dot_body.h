@@ -135,7 +135,10 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         /* NULL where every start is 0: the codes carry no offset (a compile-time constant). */
         const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * first : NULL;
         vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
-        if (NIBBLE_CODES(format)) {
+        if (LOOKUP_CODES(format)) {
+            dot_load_lookup(lookup_values(format), codes + 4 * a->lane0, &w);
+            dot_lookup_rows(&w, x, starts, rows, isum);
+        } else if (NIBBLE_CODES(format)) {
             dot_load_q4(codes + 4 * a->lane0, &w);
             dot_q4_rows(&w, x, starts, rows, isum);
         } else if (format == FORMAT_Q8_0) {
@@ -194,15 +197,14 @@ typedef void (*dot_function)(const struct dot_args *a);
 
 DOT_INSTANCES(2) DOT_INSTANCES(3) DOT_INSTANCES(4) DOT_INSTANCES(5) DOT_INSTANCES(6)
 DOT_INSTANCES(7) DOT_INSTANCES(8) DOT_INSTANCES(9)
-DOT_INSTANCES(13) DOT_INSTANCES(14) DOT_INSTANCES(15) DOT_INSTANCES(16) DOT_INSTANCES(17)
+DOT_INSTANCES(10) DOT_INSTANCES(11) DOT_INSTANCES(12) DOT_INSTANCES(13) DOT_INSTANCES(14)
+DOT_INSTANCES(15) DOT_INSTANCES(16) DOT_INSTANCES(17)
 
-/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 .. 9 and 13 .. 17; gaps stay NULL). */
+/* By format code minus FORMAT_Q8_0 (the quantized formats are codes 2 and up). */
 static const dot_function dot_tiles[FORMAT_COUNT - FORMAT_Q8_0][DOT_TILE_ROWS] = {
     DOT_TABLE(2), DOT_TABLE(3), DOT_TABLE(4), DOT_TABLE(5), DOT_TABLE(6), DOT_TABLE(7),
-    DOT_TABLE(8), DOT_TABLE(9),
-    [FORMAT_TQ1_0 - FORMAT_Q8_0] = DOT_TABLE(13), [FORMAT_TQ2_0 - FORMAT_Q8_0] = DOT_TABLE(14),
-    [FORMAT_Q1_0 - FORMAT_Q8_0] = DOT_TABLE(15), [FORMAT_Q2_K - FORMAT_Q8_0] = DOT_TABLE(16),
-    [FORMAT_Q3_K - FORMAT_Q8_0] = DOT_TABLE(17)};
+    DOT_TABLE(8), DOT_TABLE(9), DOT_TABLE(10), DOT_TABLE(11), DOT_TABLE(12), DOT_TABLE(13),
+    DOT_TABLE(14), DOT_TABLE(15), DOT_TABLE(16), DOT_TABLE(17)};
 
 /* All rows of output columns [first, end), first a multiple of DOT_GROUP, in parts of DOT_VW
  * columns; each part reads a block's weights once for a tile of DOT_TILE_ROWS rows. Lanes are

@@ -144,3 +144,5 @@ static inline vi vi_lanes_add(vi a, vi b) { return vaddq_s32(a, b); }
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows
+
+#include "dot_lookup_neon.h"

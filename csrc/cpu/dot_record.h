@@ -7,6 +7,8 @@
  * that feeds them the same exact integer sums writes the same bits.
  */
 
+#include "lookup_values.h"
+
 /* How many records ahead of the one in use the kernels prefetch. */
 #define DOT_PREFETCH_RECORDS 16
 
@@ -18,8 +20,8 @@
 /* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
  * start is 0 and the row functions get starts = NULL. */
 #define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
-                        ((F) == FORMAT_Q8_0 && DOT_Q8_CODE_BIAS != 0) || CRUMB_CODES(F) || \
-                        SIGN_CODES(F) || TRIT_CODES(F))
+                        (((F) == FORMAT_Q8_0 || LOOKUP_CODES(F)) && DOT_Q8_CODE_BIAS != 0) || \
+                        CRUMB_CODES(F) || SIGN_CODES(F) || TRIT_CODES(F))
 /* The ternary and 1-bit formats keep one float16 scale per 256 (tq1_0, tq2_0) or 128 (q1_0)
  * weights, so one record covers SHARED_BLOCKS(F) blocks of 32: the group's 16 scales, then the
  * codes. tq2_0 and q1_0 give each block of 32 SHARED_CODE_BYTES(F) bytes: 2-bit codes 0..3
@@ -33,7 +35,21 @@
 #define SHARED_BLOCKS(F) (CRUMB_CODES(F) || TRIT_CODES(F) ? 8 : SIGN_CODES(F) ? 4 : 1)
 #define SHARED_CODE_BYTES(F) (CRUMB_CODES(F) ? 2 * DOT_CHUNK : SIGN_CODES(F) ? DOT_CHUNK : 0)
 #define PARAMETER_BYTES(F) \
-    ((FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+    (LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : \
+     (FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
+
+/* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl; the
+ * float32 product d * (ls - 32) of iq4_xs (exact: at most 17 significant bits); mxfp4's
+ * 2^(e - 128). */
+static ALWAYS_INLINE dv dot_lookup_scale(const int format, const uint8_t *record,
+                                         ptrdiff_t lane0)
+{
+    if (format == FORMAT_MXFP4) return dv_load_e8m0_half(record + lane0);
+    const dv d = dv_load_half((const uint16_t *)record + lane0);
+    if (format == FORMAT_IQ4_XS)
+        return dv_mul(d, dv_load_int8((const int8_t *)record + 2 * DOT_GROUP + lane0));
+    return d;
+}
 
 /* The parameters of block b of a group whose records start at `records` (FORMAT_ROWS'
  * dot_record_bytes apart, per block of 32), and the codes of block b given them. */
@@ -72,6 +88,7 @@ static ALWAYS_INLINE void dot_load_trits(const uint8_t *chunks, int sub, struct 
 static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,
                                       ptrdiff_t lane0)
 {
+    if (LOOKUP_CODES(format)) return dot_lookup_scale(format, record, lane0);
     if (FLOAT_PARAMETERS(format))
         return dv_load((const float *)record + which * DOT_GROUP + lane0);
     return dv_load_half((const uint16_t *)record + which * DOT_GROUP + lane0);

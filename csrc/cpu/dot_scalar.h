@@ -188,3 +188,5 @@ static inline vi vi_lanes_add(vi a, vi b)
 #define dot_q4_rows dot_rows
 #define dot_q8_rows dot_rows
 #define dot_u8_rows dot_rows
+
+#include "dot_lookup_scalar.h"

@@ -61,11 +61,12 @@ static void configure_tiles(int rows, int halves)
 static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes,
                                                ptrdiff_t b)
 {
-    if (!NIBBLE_CODES(format) && !CRUMB_CODES(format) && !SIGN_CODES(format) &&
-        !TRIT_CODES(format))
+    if (!NIBBLE_CODES(format) && !LOOKUP_CODES(format) && !CRUMB_CODES(format) &&
+        !SIGN_CODES(format) && !TRIT_CODES(format))
         return codes;
     struct dot_codes w;
-    if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
+    if (LOOKUP_CODES(format)) dot_load_lookup(lookup_values(format), codes, &w);
+    else if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
     else if (TRIT_CODES(format)) dot_load_trits(codes, (int)(b % 8), &w);
     else if (SIGN_CODES(format)) dot_load_signs(codes, &w);
     else dot_load_q4(codes, &w);
@@ -194,6 +195,7 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
     { tile_columns(F, p, first, end); }
 TILE_INSTANCE(2) TILE_INSTANCE(3) TILE_INSTANCE(4) TILE_INSTANCE(5) TILE_INSTANCE(6)
 TILE_INSTANCE(7) TILE_INSTANCE(8) TILE_INSTANCE(9)
+TILE_INSTANCE(10) TILE_INSTANCE(11) TILE_INSTANCE(12)
 TILE_INSTANCE(13) TILE_INSTANCE(14) TILE_INSTANCE(15) TILE_INSTANCE(16) TILE_INSTANCE(17)
 
 typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, ptrdiff_t end);
@@ -202,9 +204,8 @@ typedef void (*tile_function)(const struct matmul_problem *p, ptrdiff_t first, p
 static const tile_function tile_functions[FORMAT_COUNT - FORMAT_Q8_0] = {
     tile_columns_2, tile_columns_3, tile_columns_4, tile_columns_5, tile_columns_6,
     tile_columns_7, tile_columns_8, tile_columns_9,
-    [FORMAT_TQ1_0 - FORMAT_Q8_0] = tile_columns_13, [FORMAT_TQ2_0 - FORMAT_Q8_0] = tile_columns_14,
-    [FORMAT_Q1_0 - FORMAT_Q8_0] = tile_columns_15, [FORMAT_Q2_K - FORMAT_Q8_0] = tile_columns_16,
-    [FORMAT_Q3_K - FORMAT_Q8_0] = tile_columns_17};
+    tile_columns_10, tile_columns_11, tile_columns_12, tile_columns_13, tile_columns_14,
+    tile_columns_15, tile_columns_16, tile_columns_17};
 
 #if DOT_GROUP != 16 || DOT_VW != 16 || DOT_Q8_CODE_BIAS != 128
 #error "the tile matmul reads a record's 16 rows as one tile of unsigned codes"

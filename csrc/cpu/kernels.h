@@ -40,7 +40,9 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
  *   nibbles are codes 4t..4t+3 and high nibbles codes 16+4t..16+4t+3; byte formats (q8_0,
  *   q5_0, q5_1, q5_k, q6_k): chunk j (0..7) holds per row codes 4j..4j+3, one byte each (q8_0
  *   as w + 128);
- * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 128, tq1_0, tq2_0 and q1_0 1, else 0.
+ * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 and the lookup formats 128, tq1_0, tq2_0 and q1_0 1, else 0.
+ * The lookup formats (iq4_nl, iq4_xs, mxfp4) read as w = scale * TABLE[code] instead:
+ * lookup_values.h says what their records hold (nibble codes as q4_0's, read through the table).
  * q2_k and q3_k keep a header per 256 weights and their codes packed: dot_k_low.h.
  * tq1_0, tq2_0 and q1_0 keep one float16 scale per GGUF block: one record covers the blocks of
  * 32 of a GGUF block (dot_record.h: its 16 scales, then tq1_0's bytes of five trits as stored,

@@ -8,12 +8,15 @@
  * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
  * which tests hold it equal to. The ternary and 1-bit formats keep one scale per GGUF block
  * (pack_shared_group), so that their records take the bytes their blocks take; tq1_0 keeps its
- * five-trit bytes as stored, decoded by the kernels.
+ * five-trit bytes as stored, decoded by the kernels. The lookup formats' records (lookup_values.h)
+ * keep their stored nibbles, which index the format's table, and their parameters as stored;
+ * tests hold them equal to a numpy packing of the raw blocks.
  */
 #include "pack_dot.h"
 
 #include <string.h>
 
+#include "lookup_values.h"
 #include "thread_pool.h"
 
 static float half_at(const uint8_t *p)
@@ -52,6 +55,7 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         for (int i = 0; i < 32; i++) out->codes[i] = block[2 + i] ^ 0x80;
         return;
     case FORMAT_Q4_0:
+    case FORMAT_IQ4_NL: /* q4_0's block; its nibbles index IQ4_VALUES */
     case FORMAT_Q4_1: {
         const int minimum = format == FORMAT_Q4_1;
         block = row + b * (minimum ? 20 : 18);
@@ -106,6 +110,31 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         for (int l = 0; l < 32; l++) {
             const int low = jj < 2 ? ql[l] & 0x0F : ql[l] >> 4;
             out->codes[l] = (uint8_t)(low | (((qh[l] >> (2 * jj)) & 3) << 4));
+        }
+        return;
+    }
+    case FORMAT_MXFP4: {
+        block = row + b * 17;
+        out->halves[0] = block[0]; /* the e8m0 byte */
+        for (int i = 0; i < 16; i++) {
+            out->codes[i] = block[1 + i] & 0x0F;
+            out->codes[i + 16] = block[1 + i] >> 4;
+        }
+        return;
+    }
+    case FORMAT_IQ4_XS: {
+        block = row + (b / 8) * 136;
+        const int j = (int)(b % 8);
+        uint16_t high;
+        memcpy(out->halves, block, 2);
+        memcpy(&high, block + 2, 2);
+        const int ls =
+            ((block[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4);
+        out->halves[1] = (uint16_t)(int8_t)(ls - 32); /* the record keeps ls - 32 as an int8 */
+        const uint8_t *qs = block + 8 + 16 * j;
+        for (int i = 0; i < 16; i++) {
+            out->codes[i] = qs[i] & 0x0F;
+            out->codes[i + 16] = qs[i] >> 4;
         }
         return;
     }
@@ -267,10 +296,13 @@ static void pack_group(void *context, ptrdiff_t group)
         return;
     }
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K;
+    const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K ||
+                        LOOKUP_CODES(format);
     const int floats = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;
     const int two = format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || floats;
-    const size_t parameter_bytes = (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);
+    const size_t parameter_bytes = LOOKUP_CODES(format)
+                                       ? (size_t)LOOKUP_PARAMETER_BYTES(format)
+                                       : (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);
     uint8_t *first = job->records + (size_t)group * (size_t)job->blocks * record_bytes;
     memset(first, 0, (size_t)job->blocks * record_bytes); /* rows past the last stay zero */
     for (int lane = 0; lane < DOT_GROUP; lane++) {
@@ -281,7 +313,10 @@ static void pack_group(void *context, ptrdiff_t group)
             struct block_parts parts = {{0}, {0}, {0}};
             decode(format, row, b, &parts);
             uint8_t *record = first + (size_t)b * record_bytes;
-            for (int p = 0; p < (two ? 2 : 1); p++) {
+            if (format == FORMAT_IQ4_XS) /* float16 d, then the int8 ls - 32 */
+                record[2 * DOT_GROUP + lane] = (uint8_t)parts.halves[1];
+            if (format == FORMAT_MXFP4) record[lane] = (uint8_t)parts.halves[0];
+            else for (int p = 0; p < (two ? 2 : 1); p++) {
                 if (floats) memcpy(record + 4 * (p * DOT_GROUP + lane), &parts.floats[p], 4);
                 else memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);
             }

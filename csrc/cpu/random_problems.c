@@ -89,6 +89,8 @@ uint8_t *random_stream_dot_weights(struct random_stream *s, int format, ptrdiff_
         }
         for (size_t i = parameter_bytes; i < record_bytes; i++)
             at[i] = (uint8_t)(random_next(s) & code_mask);
+        if (format == FORMAT_MXFP4) /* e8m0 exponents: scales 2^-16 .. 2^15 */
+            for (int h = 0; h < DOT_GROUP; h++) at[h] = (uint8_t)(112 + random_next(s) % 32);
     }
     return weight;
 }

@@ -91,11 +91,11 @@ _ROWS = (
     WeightFormat("q5_k", 13, 256, 176, 8, False, True, None, _dq.values_q5_k, _dq.fields_q5_k),
     WeightFormat("q6_k", 14, 256, 210, 9, False, True, None, _dq.values_q6_k, _dq.fields_q6_k),
     # 4-bit codes through a 16-entry table (formats/dequantize_lookup.py)
-    WeightFormat("iq4_nl", 20, 32, 18, None, False, False, None, dequantize_lookup.values_iq4_nl,
+    WeightFormat("iq4_nl", 20, 32, 18, 10, False, True, None, dequantize_lookup.values_iq4_nl,
                  dequantize_lookup.fields_iq4_nl),
-    WeightFormat("iq4_xs", 23, 256, 136, None, False, False, None, dequantize_lookup.values_iq4_xs,
+    WeightFormat("iq4_xs", 23, 256, 136, 11, False, True, None, dequantize_lookup.values_iq4_xs,
                  dequantize_lookup.fields_iq4_xs),
-    WeightFormat("mxfp4", 39, 32, 17, None, False, False, None, dequantize_lookup.values_mxfp4,
+    WeightFormat("mxfp4", 39, 32, 17, 12, False, True, None, dequantize_lookup.values_mxfp4,
                  dequantize_lookup.fields_mxfp4),
     # Ternary and 1-bit formats (formats/ternary_blocks.py).
     WeightFormat("tq1_0", 34, 256, 54, 13, False, True, None, ternary_blocks.values_tq1_0,

@@ -38,11 +38,11 @@ class PackedMatrix:
     layout "grouped": `data` is a uint8 array of the same size holding the same blocks (32
     weights each, as stored) with the blocks of every WEIGHT_GROUP consecutive rows interleaved,
     so that the kernel reads one sequential stream; values and arithmetic are unchanged.
-    layout "dot" (q8_0, q4_0, q4_1 only): uint8 [N / 16 rounded up, row bytes * 16], the same
-    values rearranged per group of DOT_GROUP rows for the integer-dot kernel (kernels.h says
-    how). `matmul` with it quantizes each activation row to int8 per block of 32 (see
-    `quantize_rows`) and sums each block exactly in integers, as llama.cpp does: faster, and
-    about 1e-2 relative error instead of float32 rounding.
+    layout "dot" (the formats whose row has integer_dot): uint8 [N / 16 rounded up, K / 32 *
+    record bytes], the same values rearranged per group of DOT_GROUP rows for the integer-dot
+    kernel (kernels.h says how). `matmul` with it quantizes each activation row to int8 per
+    block of 32 (see `quantize_rows`) and sums each block exactly in integers, as llama.cpp
+    does: faster, and about 1e-2 relative error instead of float32 rounding.
     """
 
     format: str

@@ -9,6 +9,7 @@ import pytest
 
 from exactdraft.formats import FORMATS
 from exactdraft.kernels import cpu
+from tests.kernels.test_cpu_lookup import LOOKUP_FORMATS, lookup_records
 from tests.kernels.test_cpu_quantized import (
     BLOCK_FORMATS,
     K_LOW_FORMATS,
@@ -63,6 +64,8 @@ def numpy_records(weight) -> np.ndarray:
     parameters (float16, float32 for the k formats) then the codes in 64-byte chunks."""
     if weight.format in K_LOW_FORMATS:
         return k_low_numpy_records(weight)
+    if weight.format in LOOKUP_FORMATS:
+        return lookup_records(weight)
     fields = weight.row.block_fields(weight.data, weight.shape[1])
     count, depth = weight.shape
     blocks, groups = depth // 32, -(-count // DOT_GROUP)

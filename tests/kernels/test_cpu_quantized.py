@@ -25,7 +25,8 @@ BLOCK_FORMATS = tuple(name for name, row in FORMATS.items() if row.integer_dot)
 # Byte offsets of each format's float16 fields within a block (the rest may be any bytes).
 HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
                "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-               "tq1_0": (52,), "tq2_0": (64,), "q1_0": (0,)}
+               "tq1_0": (52,), "tq2_0": (64,), "q1_0": (0,),
+               "iq4_nl": (0,), "iq4_xs": (0,)}
 # q2_k and q3_k: the kernel applies their integer sub-scales to each half's exact sum and the
 # super-block's float16 d (and -dmin) in the float steps.
 K_LOW_FORMATS = ("q2_k", "q3_k")
@@ -34,7 +35,7 @@ K_LOW_FORMATS = ("q2_k", "q3_k")
 def quantized_weight(format: str, rows: int, depth: int, rng) -> QuantizedTensor:
     """gguf's own quantization of normal weights where gguf quantizes the format, else random
     blocks with finite float16 scales of either sign."""
-    if format in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+    if format in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"):
         return weight_source(format, rng.standard_normal((rows, depth)).astype(np.float32))
     row = FORMATS[format]
     blocks = rng.integers(0, 256, (rows * depth // row.block_size, row.block_bytes),

@@ -310,23 +310,34 @@ def mxfp4_copies(folder: str, destination) -> tuple[str, str]:
 
 def test_mxfp4_experts_load_to_the_bits_of_their_dequantized_values(folder, tmp_path,
                                                                    monkeypatch):
-    """OpenAI's MXFP4 experts, kept as GGUF mxfp4 blocks, give the logits of the float32
-    values transformers dequantizes them to, bit for bit (the values are exact); the control
-    that copies OpenAI's nibble order unchanged does not."""
+    """OpenAI's MXFP4 experts, read as GGUF mxfp4 blocks, hold exactly the float32 values
+    transformers dequantizes them to (their logits bit for bit), and kept in their blocks they
+    run within the int8 activations' error of them; the control that copies OpenAI's nibble
+    order unchanged does neither."""
+    from exactdraft.backends.torch_cpu import TorchCPUBackend
     from exactdraft.models import clamped_experts
     from exactdraft.pretrained import build_target, load_checkpoint
 
     packed, dense = mxfp4_copies(folder, tmp_path)
     tokens = probe_tokens(40, 128, salt=5)
 
-    def logits(path: str) -> np.ndarray:
-        target = build_target(load_checkpoint(path), "torch")
+    def logits(path: str, dequantized: bool = True) -> np.ndarray:
+        # float32 activations: mxfp4 has no float kernel, so the blocks' exact values multiply
+        backend = TorchCPUBackend(quantized_activations=not dequantized)
+        target = build_target(load_checkpoint(path), backend)
         return target.forward(target.new_state(), tokens, rows="all")
 
     reference = logits(dense)
     assert logits(packed).tobytes() == reference.tobytes()
     scale = np.abs(reference).max()
     assert np.abs(reference - hf_logits(dense, tuple(tokens))).max() / scale < 2e-5
+    # Kept in their blocks, the experts run on the integer-dot kernels (int8 activations).
+
+    def mean_error(quantized: np.ndarray) -> float:
+        # A mean: int8 activations may flip a token's expert choice, moving its row far.
+        return float(np.abs(quantized - reference).mean() / np.abs(reference).mean())
+
+    assert mean_error(logits(packed, dequantized=False)) < 3e-2
 
     def nibbles_as_stored(blocks, scales):
         blocks = np.asarray(blocks, dtype=np.uint8)
@@ -337,6 +348,7 @@ def test_mxfp4_experts_load_to_the_bits_of_their_dequantized_values(folder, tmp_
 
     monkeypatch.setattr(clamped_experts, "mxfp4_rows", nibbles_as_stored)
     assert logits(packed).tobytes() != reference.tobytes()
+    assert mean_error(logits(packed, dequantized=False)) > 3e-2
 
 
 def test_mxfp4_experts_need_whole_blocks(folder, tmp_path):

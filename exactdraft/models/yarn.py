@@ -1,5 +1,5 @@
-"""YaRN rotary scaling (DeepSeek-V3's long-context rope): its frequencies, the factor its cos
-and sin rows carry, and the score scale of multi-head latent attention.
+"""YaRN rotary scaling (the long-context rope of DeepSeek-V3 and gpt-oss): its frequencies, the
+factor its cos and sin rows carry, and the score scale of multi-head latent attention.
 
 Invariant: as for every rope table (blocks.py), a row of cos and sin depends on its position,
 the frequencies and the factor alone, computed in float64 with exactdraft's own functions and
@@ -91,7 +91,9 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 def yarn_frequencies(dim: int, theta: float, yarn: YarnScaling) -> np.ndarray:
     """Inverse frequencies [dim / 2] in float64."""
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
-    plain = 1.0 / float64_math.power(theta, exponents)
+    powers = float64_math.power(theta, exponents)
+    # Formed as transformers forms them: 1 / powers and 1 / (factor * powers).
+    plain, interpolated = 1.0 / powers, 1.0 / (yarn.factor * powers)
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(yarn.original_max_position_embeddings /
@@ -105,7 +107,7 @@ def yarn_frequencies(dim: int, theta: float, yarn: YarnScaling) -> np.ndarray:
         high += 0.001  # no zero-width ramp
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
     extrapolated = 1.0 - ramp
-    return plain / yarn.factor * (1.0 - extrapolated) + plain * extrapolated
+    return interpolated * (1.0 - extrapolated) + plain * extrapolated
 
 
 def yarn_attention_factor(yarn: YarnScaling) -> float:

@@ -5,7 +5,7 @@ Invariant: a gpt-oss checkpoint reaches DecoderModel with the values it stores u
 Face's names and with the family's choices made explicit: attention with biases and a sink per
 query head (models/attention_sinks.py), sliding-window and full layers as `layer_types` says
 (alternating, sliding first, when it says nothing), YaRN rope with its attention factor on
-cos and sin (models/yarn_rope.py), and experts with a biased router, top-k over the softmax of
+cos and sin (models/yarn.py), and experts with a biased router, top-k over the softmax of
 the chosen logits and a clamped SwiGLU with biases (models/clamped_experts.py). A state is its
 KV cache alone (prefixes export and import), and token trees verify in one pass.
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactdraft.models.attention_sinks import SinkAttention
-from exactdraft.models.blocks import RopeTable, rope_frequencies
 from exactdraft.models.clamped_experts import BiasedRouterMoE, load_clamped_experts
 from exactdraft.models.config import ConfigReader
 from exactdraft.models.decoder import DecoderModel, HeadShape, Trunk
@@ -39,13 +38,7 @@ from exactdraft.models.mixers import load_attention, norm_vector
 from exactdraft.models.moe import RouterSettings
 from exactdraft.models.split import TensorParallelSplit
 from exactdraft.models.tensors import TensorReader
-from exactdraft.models.yarn_rope import (
-    ScaledRopeTable,
-    YarnScaling,
-    yarn_frequencies,
-    yarn_from_parameters,
-    yarn_mscale,
-)
+from exactdraft.models.yarn import YarnScaling, yarn_from_hf, yarn_mscale, yarn_rope
 
 
 @dataclass(frozen=True)
@@ -132,7 +125,7 @@ def _rope_from_hf(reader: ConfigReader) -> tuple[float, YarnScaling | None]:
     if rope_type != "yarn":
         raise rope.fail("rope_type", f"{rope_type!r} is not supported for gpt_oss; supported: "
                         "yarn, default")
-    return theta, yarn_from_parameters(rope)
+    return theta, yarn_from_hf(reader)
 
 
 def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
@@ -140,11 +133,7 @@ def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
     c, be = config, backend
     reader = TensorReader(tensors, c.source)
     hidden = c.hidden_size
-    if c.yarn is None:
-        rope: RopeTable = RopeTable(rope_frequencies(c.head_dim, c.rope_theta, None))
-    else:
-        rope = ScaledRopeTable(yarn_frequencies(c.head_dim, c.rope_theta, c.yarn),
-                               c.yarn.attention_factor)
+    rope = yarn_rope(c.head_dim, c.rope_theta, c.yarn)
     settings = RouterSettings(c.num_experts, c.top_k, normalize=True)
     layers = []
     for i in range(c.num_layers):

@@ -67,6 +67,21 @@ def random_blocks(format: str, shape: tuple[int, int]) -> np.ndarray:
     return blocks.reshape(shape[0], -1)
 
 
+def format_blocks(format: str, dense: np.ndarray) -> np.ndarray:
+    """uint8 rows of `format` blocks for a [N, K] matrix: gguf's quantization of `dense`,
+    exactdraft's own for q1_0, random blocks for the formats gguf cannot quantize."""
+    if format in RANDOM_BLOCK_HALVES:
+        return random_blocks(format, dense.shape)
+    if format == "q1_0":  # gguf has no q1_0 quantizer
+        from exactdraft.formats.ternary_blocks import quantize_q1_0
+
+        return quantize_q1_0(dense)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return quantize(dense, getattr(GGMLQuantizationType, format.upper()))
+
+
 def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
     """The packed weight and the float32 values torch multiplies by."""
     from exactdraft.formats import QuantizedTensor
@@ -79,18 +94,7 @@ def weight_for(format: str, dense: np.ndarray) -> tuple[object, np.ndarray]:
         patterns = (dense.view(np.uint32) >> 16).astype(np.uint16)
         return cpu.pack_matrix(patterns, "bf16"), (patterns.astype(np.uint32) << 16).view(
             np.float32)
-    if format in RANDOM_BLOCK_HALVES:
-        blocks = random_blocks(format, dense.shape)
-    elif format == "q1_0":  # gguf has no q1_0 quantizer
-        from exactdraft.formats.ternary_blocks import quantize_q1_0
-
-        blocks = quantize_q1_0(dense)
-    else:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import quantize
-
-        blocks = quantize(dense, getattr(GGMLQuantizationType, format.upper()))
-    tensor = QuantizedTensor(format, blocks, dense.shape)
+    tensor = QuantizedTensor(format, format_blocks(format, dense), dense.shape)
     return cpu.pack_matrix(tensor, layout="dot" if dot else "grouped"), tensor.dequantize()
 
 

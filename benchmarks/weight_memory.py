@@ -2,10 +2,11 @@
 bytes the file stores for it, and the time of a one-row and an 8-row matmul with it.
 
 Invariant measured alongside: nothing; this only counts bytes and times. A GGUF file with one
-[N, K] matrix per format (random blocks with small float16 scales: gguf does not quantize the
-K-quants, and neither size nor speed depends on the values) is written to a temporary folder,
-read back kept in its blocks, and handed to TorchCPUBackend().matrix, the call the backend makes
-for every weight at load; "held" is the bytes of the arrays it keeps.
+[N, K] matrix per format (gguf's quantization of a random matrix, or random blocks with small
+float16 scales for the formats gguf does not quantize: neither size nor speed depends on the
+values) is written to a temporary folder, read back kept in its blocks, and handed to
+TorchCPUBackend().matrix, the call the backend makes for every weight at load; "held" is the
+bytes of the arrays it keeps.
 
     python benchmarks/weight_memory.py [--formats q2_k,q3_k,q4_k,q6_k] [--shape 4096x4096]
 """
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cpu_kernels import random_blocks
+from cpu_kernels import format_blocks
 
 
 def held_bytes(matrix) -> int:
@@ -45,7 +46,8 @@ def measure(format: str, shape: tuple[int, int], folder: Path) -> str:
 
     path = folder / f"{format}.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("weight", random_blocks(format, shape),
+    dense = np.random.default_rng(1).standard_normal(shape, dtype=np.float32) * 0.02
+    writer.add_tensor("weight", format_blocks(format, dense),
                       raw_dtype=gguf.GGMLQuantizationType[format.upper()])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -154,10 +154,10 @@ def test_a_gguf_tensor_past_the_end_of_the_file(tmp_path):
 
 
 def test_a_gguf_tensor_of_an_unread_type(tmp_path):
-    tensor = string("token_embd.weight") + struct.pack("<IQQIQ", 2, 32, 8, 20, 0)
-    path = tmp_path / "iq4.gguf"
+    tensor = string("token_embd.weight") + struct.pack("<IQQIQ", 2, 256, 8, 16, 0)
+    path = tmp_path / "iq2.gguf"
     path.write_bytes(gguf_bytes([], [tensor]) + bytes(4096))
-    with pytest.raises(WeightError, match="type IQ4_NL, which is not supported"):
+    with pytest.raises(WeightError, match="type IQ2_XXS, which is not supported"):
         GGUFFile(path)
 
 

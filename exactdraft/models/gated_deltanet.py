@@ -64,11 +64,7 @@ class GatedDeltaNet:
 
     def run(self, be: Backend, x: Any, ctx: PassContext) -> Any:
         proj = be.to_host(be.linear(x, self.in_proj))
-        outputs, first = [], 0
-        for part in ctx.parts:
-            outputs.append(self._sequence(part, proj[first:first + part.count]))
-            first += part.count
-        rows = outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
+        rows = ctx.each_sequence(proj, self._sequence)
         return be.linear(be.vector(rows), self.out_proj)
 
     def _sequence(self, part: Any, proj: np.ndarray) -> np.ndarray:

@@ -68,18 +68,9 @@ class SharedKVAttention:
             v = proj[:, v_start:v_start + kv_size].reshape(count, kv_heads, dim)
             k = be.rope(be.rms_norm(k, self.k_norm, self.eps), cos, sin)
             v = be.rms_norm(v, self.unit_norm, self.eps)
-        parts, row = [], 0
-        for part in ctx.parts:
-            end = row + part.count
-            cache = part.state.cache
-            if self.writes:
-                cache.write(self.kv_slot, part.start, k[row:end], v[row:end])
-            tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
-            parts.append(be.attention(q[row:end], cache.keys[self.kv_slot],
-                                      cache.values[self.kv_slot], part.positions(), self.window,
-                                      self.scale, **tree))
-            row = end
-        attended = parts[0] if len(parts) == 1 else be.concatenate(parts)
+        else:
+            k = v = None  # the slot an earlier layer wrote
+        attended = ctx.attend(be, q, self.kv_slot, self.window, self.scale, k, v)
         return be.linear(attended.reshape(count, q_size), self.output)
 
 

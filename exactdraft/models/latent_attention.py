@@ -106,17 +106,8 @@ class LatentAttention:
         query[:, :, latent_dim:] = q_rope
         entry = np.concatenate([be.to_host(latent), k_rope[:, 0]], axis=1)[:, None, :]
         query, entry = be.vector(query), be.vector(np.ascontiguousarray(entry))
-        parts, row = [], 0
-        for part in ctx.parts:
-            end = row + part.count
-            cache = part.state.cache
-            cache.write(self.kv_slot, part.start, entry[row:end])
-            tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
-            buffer = cache.keys[self.kv_slot]
-            parts.append(be.attention(query[row:end], buffer, buffer, part.positions(), 0,
-                                      self.scale, **tree))
-            row = end
-        attended = be.to_host(parts[0] if len(parts) == 1 else be.concatenate(parts))
+        # A LatentCache's values are its keys: the entry is written once and read as both.
+        attended = be.to_host(ctx.attend(be, query, self.kv_slot, 0, self.scale, entry, entry))
         heads_out = np.empty((count, heads * self.value_dim), F32)
         for head in range(heads):
             rows = be.vector(np.ascontiguousarray(attended[:, head, :latent_dim]))

@@ -66,6 +66,34 @@ class PassContext:
             self._rope[id(table)] = table.rows(self.backend, self.positions)
         return self._rope[id(table)]
 
+    def attend(self, be: Backend, q: Any, kv_slot: int, window: int, scale: float,
+               keys: Any = None, values: Any = None) -> Any:
+        """Each sequence's rows of q [rows, heads, dim] attended over its cache's KV slot by
+        `be` (the mixer's backend, which may wrap the pass's), in row order; `keys` and
+        `values` (the pass's rows), where given, are written into the slot first (None: the
+        slot an earlier layer wrote is read)."""
+        attended, row = [], 0
+        for part in self.parts:
+            end = row + part.count
+            cache = part.state.cache
+            if keys is not None:
+                cache.write(kv_slot, part.start, keys[row:end], values[row:end])
+            tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
+            attended.append(be.attention(q[row:end], cache.keys[kv_slot],
+                                         cache.values[kv_slot], part.positions(), window,
+                                         scale, **tree))
+            row = end
+        return attended[0] if len(attended) == 1 else be.concatenate(attended)
+
+    def each_sequence(self, rows: np.ndarray, run: Any) -> np.ndarray:
+        """run(part, the part's rows) for each sequence, its results concatenated in row
+        order (a recurrent mixer's host-side scan)."""
+        outputs, first = [], 0
+        for part in self.parts:
+            outputs.append(run(part, rows[first:first + part.count]))
+            first += part.count
+        return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
+
 
 def rotary_permutation(head_dim: int, rotary_dim: int) -> np.ndarray:
     """Within a head, the order that puts rotary pair (i, i + R/2) at (i, i + D/2): new
@@ -114,18 +142,8 @@ class AttentionMixer:
         if self.rope is not None:
             cos, sin = ctx.rope_rows(self.rope)
             q, k = be.rope(q, cos, sin), be.rope(k, cos, sin)
-        parts, row = [], 0
-        for part in ctx.parts:
-            end = row + part.count
-            cache = part.state.cache
-            cache.write(self.kv_slot, part.start, k[row:end], v[row:end])
-            tree = {} if part.tree_paths is None else {"tree_paths": part.tree_paths}
-            parts.append(be.attention(q[row:end], cache.keys[self.kv_slot],
-                                      cache.values[self.kv_slot], part.positions(), self.window,
-                                      self.scale, **tree))
-            row = end
-        attended = (parts[0] if len(parts) == 1 else be.concatenate(parts)).reshape(count,
-                                                                                   q_size)
+        attended = ctx.attend(be, q, self.kv_slot, self.window, self.scale, k, v)
+        attended = attended.reshape(count, q_size)
         if self.gated:
             gate = be.to_host(proj[:, q_size:2 * q_size])
             attended = be.vector(be.to_host(attended) * sigmoid32(gate))

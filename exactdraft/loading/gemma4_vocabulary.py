@@ -1,14 +1,15 @@
 """Gemma 4 GGUF vocabularies (tokenizer.ggml.model "gemma4") as `tokenizers` pipelines.
 
 Invariant: for any text, the backend built here gives the ids llama.cpp's `gemma4` tokenizer
-gives for that vocabulary with `special=True`, which are the ids of the Hugging Face
-`tokenizer.json` the file was converted from; decoding gives back that tokenizer's text.
+gives for that vocabulary with `special=True`, which for a vocabulary converted from a Hugging
+Face Gemma 4 `tokenizer.json` are that tokenizer's ids; decoding gives that tokenizer's text.
 
 llama.cpp's converter writes Gemma 4's tokenizer as model `gemma4`: the tokens of
 `tokenizer.json` (spaces written as U+2581 "▁", bytes as `<0xXX>` tokens), a score of -1000
 each (unused), token types (control for the Hugging Face special tokens, user-defined for the
-added tokens that are not special and for the tokens a chat parser must see, such as
-`<|channel>`), the BPE merges in rank order, `add_space_prefix` false and `add_bos_token` true.
+added tokens past the base vocabulary that are not special and for the tokens a chat parser
+must see, such as `<|channel>`), the BPE merges in rank order, `add_space_prefix` false and
+`add_bos_token` true.
 llama.cpp reads that as BPE on raw UTF-8, and each step is mirrored here:
 
 * Control, unknown and user-defined tokens are cut out of the raw text first (control tokens
@@ -19,13 +20,14 @@ llama.cpp reads that as BPE on raw UTF-8, and each step is mirrored here:
   first (the leftmost on a tie), starting from single characters.
 * A character that no merge reaches and that is not a token falls back to its UTF-8 bytes as
   `<0xXX>` tokens.
-* A bos token is always added in front: llama.cpp forces `add_bos` for this tokenizer.
+* A bos token is always added in front (`Tokenizer.from_gguf`): llama.cpp forces `add_bos`
+  for this tokenizer.
 
 Known differences (no fixture string hits them):
 
 * llama.cpp takes a run of newlines whole when the run is a token and merges it otherwise;
-  here the merges build it. The converter writes newline runs that are Hugging Face added
-  tokens as user-defined tokens, which are cut out whole before either step.
+  here the merges build it. A run that is a user-defined token is cut out whole before either
+  step.
 * llama.cpp's detokenizer removes a space before "?", "!", "." and "," and around
   apostrophes (`clean_spaces`); the decoder here gives the Hugging Face tokenizer's text,
   which keeps them.

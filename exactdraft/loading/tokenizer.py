@@ -24,6 +24,7 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 # in the vocabulary stops generation together with eos.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
                       "<|endoftext|>")
+END_OF_TURN_TOKENS += ("<turn|>",)  # Gemma 4
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL = 3

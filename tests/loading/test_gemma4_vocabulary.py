@@ -121,6 +121,10 @@ def test_gguf_tokenizer_equals_the_folder_tokenizer(gemma4_files):
     expected, actual = Tokenizer.from_folder(folder), Tokenizer.from_gguf(path)
     assert actual.vocab_size == expected.vocab_size
     assert (actual.bos_token, actual.eos_token, actual.add_bos) == ("<bos>", "<eos>", True)
+    # A turn ends at <turn|>, read from the file as from the folder.
+    end_of_turn = expected.backend.token_to_id("<turn|>")
+    assert actual.stop_token_ids == expected.stop_token_ids == (expected.eos_token_id,
+                                                                 end_of_turn)
     for text in TEXTS:
         ids = expected.encode(text)
         assert actual.encode(text) == ids, text

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import CheckpointError, WeightError
+from exactdraft.loading.safetensors_file import FLOAT8_DTYPES
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
-FLOAT8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 _E4M3 = "F8_E4M3"
 _NAN_CODES = (0x7F, 0xFF)
 

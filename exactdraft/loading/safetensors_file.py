@@ -4,7 +4,8 @@ Invariant: a tensor is handed out only after the whole header has been checked a
 (every dtype known, every byte range inside the data section and matching its shape), so a
 truncated or corrupt file fails at open with the file and tensor named, never mid-model.
 Tensors are memory-mapped; float16 and bfloat16 are widened to float32 exactly on access, and
-integer tensors (packed quantized weights) are handed out as stored.
+integer tensors (packed quantized weights) are handed out as stored. Float8 tensors are not
+handed out as values: `stored` gives their codes, for the block-scaled fp8 reader.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ _DTYPES = {
 }
 # Float8 tensors are stored as their one-byte codes; they are handed out only as block-scaled
 # weights (exactdraft.loading.fp8_blocks), never as plain tensors.
-_FLOAT8 = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
-_DTYPES.update({dtype: np.dtype("u1") for dtype in _FLOAT8})
+FLOAT8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+_DTYPES.update({dtype: np.dtype("u1") for dtype in FLOAT8_DTYPES})
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_DIMS = 8
 
@@ -126,7 +127,7 @@ class SafetensorsTensors(Mapping):
 
     def __getitem__(self, name: str) -> np.ndarray:
         entry = self.entries[name]
-        if entry.dtype in _FLOAT8:
+        if entry.dtype in FLOAT8_DTYPES:
             raise WeightError(f"{entry.path}: tensor {name!r} is stored as {entry.dtype}, read "
                               "only as an fp8 weight with its weight_scale_inv under a "
                               "config.json quantization_config of quant_method fp8")

@@ -16,6 +16,7 @@ from typing import Any
 
 from exactdraft.errors import CheckpointError
 from exactdraft.loading.affine import AffineTensors, quantization_settings
+from exactdraft.loading.fp8_blocks import FP8BlockTensors, fp8_block_settings
 from exactdraft.loading.safetensors_file import SafetensorsTensors
 
 
@@ -74,6 +75,9 @@ def read_folder(folder: str) -> FolderFiles:
     quantization = quantization_settings(raw, config_path)
     if quantization is not None:
         tensors = AffineTensors(tensors, **quantization)
+    fp8_block = fp8_block_settings(raw, config_path)
+    if fp8_block is not None:
+        tensors = FP8BlockTensors(tensors, fp8_block)
     generation_path = os.path.join(folder, "generation_config.json")
     generation = read_json_object(generation_path) if os.path.isfile(generation_path) else None
     return FolderFiles(raw, tensors, folder, generation)

@@ -4,7 +4,8 @@ Invariant: a tensor is handed out only after the whole header has been checked a
 (every dtype known, every byte range inside the data section and matching its shape), so a
 truncated or corrupt file fails at open with the file and tensor named, never mid-model.
 Tensors are memory-mapped; float16 and bfloat16 are widened to float32 exactly on access, and
-integer tensors (packed quantized weights) are handed out as stored.
+integer tensors (packed quantized weights) are handed out as stored. Float8 tensors are not
+handed out as values: `stored` gives their codes, for the block-scaled fp8 reader.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exactdraft.errors import CheckpointError
+from exactdraft.errors import CheckpointError, WeightError
 
 _DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
     "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U32": np.dtype("<u4"),
     "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
+# Float8 tensors are stored as their one-byte codes; they are handed out only as block-scaled
+# weights (exactdraft.loading.fp8_blocks), never as plain tensors.
+FLOAT8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+_DTYPES.update({dtype: np.dtype("u1") for dtype in FLOAT8_DTYPES})
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_DIMS = 8
 
@@ -112,12 +117,21 @@ class SafetensorsTensors(Mapping):
             self.entries.update(read_header(path))
         self._maps: dict[str, np.memmap] = {}
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def stored(self, name: str) -> np.ndarray:
+        """The tensor's elements as stored: bfloat16 as uint16 bits, float8 as uint8 codes."""
         entry = self.entries[name]
         if entry.path not in self._maps:
             self._maps[entry.path] = np.memmap(entry.path, dtype=np.uint8, mode="r")
         raw = self._maps[entry.path][entry.begin:entry.end].view(_DTYPES[entry.dtype])
-        raw = raw.reshape(entry.shape)
+        return raw.reshape(entry.shape)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        entry = self.entries[name]
+        if entry.dtype in FLOAT8_DTYPES:
+            raise WeightError(f"{entry.path}: tensor {name!r} is stored as {entry.dtype}, read "
+                              "only as an fp8 weight with its weight_scale_inv under a "
+                              "config.json quantization_config of quant_method fp8")
+        raw = self.stored(name)
         if entry.dtype == "BF16":
             return bf16_to_float32(raw)
         if entry.dtype in ("F16", "F64"):

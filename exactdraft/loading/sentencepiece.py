@@ -64,8 +64,8 @@ def sentencepiece_backend(tokens: Sequence[str], scores: Sequence[float],
     tokens, scores and token_types are tokenizer.ggml.tokens, .scores and .token_type;
     add_space_prefix is tokenizer.ggml.add_space_prefix (llama.cpp's default is True) and
     unknown_token_id tokenizer.ggml.unknown_token_id. No bos or eos is added."""
-    from tokenizers import AddedToken, decoders, models, normalizers
     from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers
 
     tokens = list(tokens)
     if not tokens:
@@ -93,14 +93,7 @@ def sentencepiece_backend(tokens: Sequence[str], scores: Sequence[float],
     if add_space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
-    special, plain = [], []
-    for token, kind in zip(tokens, token_types):
-        if kind in (_CONTROL, _UNKNOWN) or token in END_OF_GENERATION_TEXTS:
-            special.append(AddedToken(token, special=True, normalized=False))
-        elif kind == _USER_DEFINED:
-            plain.append(AddedToken(token, special=False, normalized=False))
-    backend.add_special_tokens(special)
-    backend.add_tokens(plain)
+    add_cut_out_tokens(backend, tokens, token_types)
     return backend
 
 
@@ -123,3 +116,19 @@ def score_ranked_merges(tokens: Sequence[str], scores: Sequence[float],
                 if right in vocab:
                     add((left, right))
     return merges
+
+
+def add_cut_out_tokens(backend: Any, tokens: Sequence[str], token_types: Sequence[int]) -> None:
+    """Adds the tokens llama.cpp cuts out of the raw text before splitting it: control and
+    unknown tokens and those whose text ends generation as special tokens, user-defined ones as
+    plain tokens; none is normalized, and each keeps its id."""
+    from tokenizers import AddedToken
+
+    special, plain = [], []
+    for token, kind in zip(tokens, token_types):
+        if kind in (_CONTROL, _UNKNOWN) or token in END_OF_GENERATION_TEXTS:
+            special.append(AddedToken(token, special=True, normalized=False))
+        elif kind == _USER_DEFINED:
+            plain.append(AddedToken(token, special=False, normalized=False))
+    backend.add_special_tokens(special)
+    backend.add_tokens(plain)

@@ -16,6 +16,7 @@ from typing import Any
 
 from exactdraft.errors import TokenizerError
 from exactdraft.loading.chat_template import ChatTemplate
+from exactdraft.loading.gemma4_vocabulary import gemma4_backend
 from exactdraft.loading.sentencepiece import sentencepiece_backend
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -23,6 +24,7 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 # in the vocabulary stops generation together with eos.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
                       "<|endoftext|>")
+END_OF_TURN_TOKENS += ("<turn|>",)  # Gemma 4
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL = 3
@@ -174,9 +176,10 @@ class Tokenizer:
 
             metadata = read_gguf_metadata(source)
         model = metadata.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise TokenizerError(f"unsupported GGUF tokenizer model {model!r}; supported: gpt2 "
-                                 "(byte-level BPE), llama (SentencePiece-style)")
+                                 "(byte-level BPE), llama (SentencePiece-style), gemma4 (BPE on "
+                                 "UTF-8 with byte fallback)")
         tokens = list(metadata.get("tokenizer.ggml.tokens") or ())
         if not tokens or not all(isinstance(t, str) for t in tokens):
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens list of strings")
@@ -193,6 +196,12 @@ class Tokenizer:
                 tokens, scores, token_types or [1] * len(tokens),
                 add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)),
                 unknown_token_id=metadata.get("tokenizer.ggml.unknown_token_id"))
+        elif model == "gemma4":
+            merges = metadata.get("tokenizer.ggml.merges")
+            if not isinstance(merges, Sequence) or isinstance(merges, str) or not merges:
+                raise TokenizerError("GGUF metadata of a gemma4 tokenizer has no "
+                                     "tokenizer.ggml.merges list")
+            backend = gemma4_backend(tokens, token_types or [1] * len(tokens), list(merges))
         else:
             backend = _byte_level_backend(tokens,
                                           list(metadata.get("tokenizer.ggml.merges") or ()),
@@ -202,7 +211,9 @@ class Tokenizer:
         return cls(backend,
                    bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
                    eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-                   add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+                   # llama.cpp adds bos for a gemma4 vocabulary whatever the file says.
+                   add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+                   or model == "gemma4",
                    add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
                    chat_template=metadata.get("tokenizer.chat_template"),
                    extra_stop_token_ids=[int(i) for i in extra_stops if i is not None])

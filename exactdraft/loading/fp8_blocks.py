@@ -1,0 +1,146 @@
+"""Block-scaled FP8 safetensors checkpoints (DeepSeek-V3 and R1 as published, and others in
+that format): `float8_e4m3fn` weights with a float32 `weight_scale_inv` of one scale per block.
+
+Invariant: each such weight reaches the model as float32, every element equal to
+float32(e4m3fn code) * float32(its block's scale) rounded once to nearest-even: one float32
+multiply per weight, the product transformers' FP8 dequantization computes before casting to
+the model's dtype. The e4m3fn codes are decoded by bit
+arithmetic, exactly (every code is a float32). Blocks at the right and bottom edges cover what is
+left of a dimension that is not a multiple of the block size. A weight that holds the NaN code
+(0x7F, 0xFF), an fp8 weight without its scale or with a scale of the wrong shape, a scale
+without an fp8 weight, and any other float8 kind are refused with the tensor named, when the
+checkpoint is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from exactdraft.errors import CheckpointError, WeightError
+from exactdraft.loading.safetensors_file import FLOAT8_DTYPES
+
+SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
+_E4M3 = "F8_E4M3"
+_NAN_CODES = (0x7F, 0xFF)
+
+
+def e4m3fn_values() -> np.ndarray:
+    """The float32 value of each of the 256 float8_e4m3fn codes, by bit arithmetic: sign,
+    4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (mantissa * 2**-9);
+    no infinities, and S.1111.111 is NaN."""
+    codes = np.arange(256, dtype=np.uint32)
+    sign, exponent, mantissa = codes >> 7, (codes >> 3) & 0xF, codes & 0x7
+    # A normal code's float32 bits: the same sign, the exponent rebiased from 7 to 127, the
+    # mantissa in the top three of float32's 23 bits.
+    bits = (sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)
+    values = bits.view(np.float32).copy()
+    subnormal = exponent == 0
+    values[subnormal] = (mantissa[subnormal].astype(np.float32) * np.float32(2.0 ** -9)
+                         * np.where(sign[subnormal] == 1, np.float32(-1), np.float32(1)))
+    values[list(_NAN_CODES)] = np.float32("nan")
+    return values
+
+
+_E4M3_VALUES = e4m3fn_values()
+
+
+def fp8_block_settings(raw_config: Mapping[str, Any],
+                       source: str = "config.json") -> tuple[int, int] | None:
+    """The (rows, columns) block of a config.json's `quantization_config` with
+    `quant_method` "fp8", or None for any other checkpoint."""
+    settings = raw_config.get("quantization_config")
+    if not isinstance(settings, Mapping) or settings.get("quant_method") != "fp8":
+        return None
+    block = settings.get("weight_block_size")
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+        raise CheckpointError(f"{source}: quantization_config weight_block_size must be two "
+                              f"positive integers (fp8 with one scale per block), got {block!r}")
+    scheme = settings.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise CheckpointError(f"{source}: quantization_config activation_scheme {scheme!r} is "
+                              "not read (dynamic)")
+    fmt = settings.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise CheckpointError(f"{source}: quantization_config fmt {fmt!r} is not read (e4m3)")
+    return block[0], block[1]
+
+
+def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, int],
+                      name: str = "weight") -> np.ndarray:
+    """float32 values of e4m3fn `codes` (uint8, ...xRxC) times their block's float32 scale
+    (...xceil(R/rows)xceil(C/columns)), one float32 multiply per element."""
+    codes = np.asarray(codes)
+    scales = np.asarray(scales, dtype=np.float32)
+    expected = block_scale_shape(codes.shape, block)
+    if tuple(scales.shape) != expected:
+        raise WeightError(f"tensor {name!r} of shape {tuple(codes.shape)} needs a scale of "
+                          f"shape {expected} for blocks of {block[0]}x{block[1]}, got "
+                          f"{tuple(scales.shape)}")
+    nan = np.isin(codes, _NAN_CODES)
+    if nan.any():
+        where = tuple(int(i) for i in np.argwhere(nan)[0])
+        raise WeightError(f"tensor {name!r} holds the fp8 NaN code at {where}")
+    if not np.isfinite(scales).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
+        raise WeightError(f"tensor {name!r}{SCALE_SUFFIX} holds {scales[where]} at {where}")
+    rows, columns = codes.shape[-2:]
+    per_element = np.repeat(np.repeat(scales, block[0], axis=-2)[..., :rows, :],
+                            block[1], axis=-1)[..., :columns]
+    return _E4M3_VALUES[codes] * per_element
+
+
+def block_scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+    if len(shape) < 2:
+        return ()  # no block scale fits a vector; any scale given is the wrong shape
+    rows, columns = shape[-2:]
+    return (*shape[:-2], -(-rows // block[0]), -(-columns // block[1]))
+
+
+class FP8BlockTensors(Mapping):
+    """A view of a safetensors mapping in which each fp8 weight is float32 and its
+    `weight_scale_inv` is gone."""
+
+    def __init__(self, tensors: Any, block: tuple[int, int]) -> None:
+        self.tensors, self.block = tensors, block
+        dtypes = {name: entry.dtype for name, entry in tensors.entries.items()}
+        self.scaled: set[str] = set()
+        for name, dtype in dtypes.items():
+            if name.endswith(SCALE_SUFFIX):
+                weight = name[: -len(SCALE_SUFFIX)]
+                if dtypes.get(weight) != _E4M3:
+                    raise WeightError(f"tensor {name!r} scales {weight!r}, which is "
+                                      f"{dtypes.get(weight, 'missing')}, not F8_E4M3")
+                expected = block_scale_shape(tensors.shape(weight), block)
+                if tuple(tensors.shape(name)) != expected:
+                    raise WeightError(
+                        f"tensor {name!r} has shape {tuple(tensors.shape(name))}; "
+                        f"{weight!r} of shape {tuple(tensors.shape(weight))} needs "
+                        f"{expected} for blocks of {block[0]}x{block[1]}")
+                self.scaled.add(weight)
+            elif dtype == _E4M3 and name + SCALE_SUFFIX not in dtypes:
+                raise WeightError(f"fp8 tensor {name!r} has no {name + SCALE_SUFFIX!r}")
+            elif dtype in FLOAT8_DTYPES and dtype != _E4M3:
+                raise WeightError(f"tensor {name!r} is stored as {dtype}, which is not read "
+                                  "(float8 weights are read as F8_E4M3 with block scales)")
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.scaled:
+            if name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in self.scaled:
+                raise KeyError(name)
+            return self.tensors[name]
+        return dequantize_blocks(self.tensors.stored(name), self.tensors[name + SCALE_SUFFIX],
+                                 self.block, name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors.shape(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self.tensors if not (
+            name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in self.scaled))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

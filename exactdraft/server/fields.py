@@ -88,6 +88,9 @@ class Wanted:
     # What the output must follow (a ConstraintRequest: response_format, the `constraint`
     # extension, or a tool call's grammar; Service.submit builds it); None: free output.
     constraint: ConstraintRequest | None = None
+    # The reasoning of a chat reply apart from its answer (server/reasoning/), unless the
+    # request sends `"separate_reasoning": false`.
+    separate_reasoning: bool = True
 
 
 # The most UTF-8 bytes of constraint text a request may send (a JSON schema as JSON, a regex, a
@@ -329,6 +332,12 @@ def chat_messages(value: Any, name: str = "messages",
         messages.append({"role": ROLES[role],
                          "content": text_content(message.get("content"), f"{where}.content")})
     return messages
+
+
+def separate_reasoning(body: Mapping[str, Any]) -> bool:
+    """The `separate_reasoning` extension: false sends a reasoning model's reply as it was
+    written, its reasoning and markup in the text."""
+    return typed(body, "separate_reasoning", (bool,), "true or false", True)
 
 
 def refuse_unsupported(body: Mapping[str, Any], names: tuple[str, ...]) -> None:

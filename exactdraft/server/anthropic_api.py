@@ -5,8 +5,11 @@ stop reason (end_turn for a stop token, stop_sequence with the string that match
 the length or context limit), the token counts and, as exactdraft's extension, the receipt (in the
 message, and in the stream's message_delta event). Streamed text deltas concatenate to the whole
 message's text; with tools (server/tool_calls/requests.py) the call markup comes out as `tool_use`
-blocks instead, whole or streamed alike. Extensions in a request: `min_p`, `repetition_penalty`,
-`seed` and `drafts` (false: serial decoding).
+blocks instead, whole or streamed alike; where the chat template has reasoning
+(server/reasoning/), the reasoning is a `thinking` block before what follows it, and the whole
+message is built from the same events its stream sends. Extensions in a request: `min_p`,
+`repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning` (false:
+the reasoning stays in the text as written).
 """
 
 from __future__ import annotations
@@ -32,11 +35,8 @@ from exactdraft.server.fields import (
     text_content,
     typed,
 )
-from exactdraft.server.reasoning.formats import (
-    Reasoning,
-    StreamedReasoning,
-    reasoning_splitters,
-)
+from exactdraft.server.reasoning.formats import StreamedReasoning, reasoning_splitters
+from exactdraft.server.reasoning.pieces import Reasoning
 from exactdraft.server.service import Service
 
 UNSUPPORTED = ("mcp_servers", "container")

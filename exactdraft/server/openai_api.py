@@ -7,7 +7,9 @@ deltas concatenate to the whole response's text. Fields beyond OpenAI's are exac
 extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
 request, `receipt` on each finished choice. With tools (server/tool_calls/requests.py), the
 call markup in a choice's text comes out as its `tool_calls` instead of content, whole or
-streamed alike.
+streamed alike. Where the chat template has reasoning (server/reasoning/), a chat choice's
+reasoning is its message's `reasoning_content` (streamed as `delta.reasoning_content`) and the
+content is the answer only, unless the request sends the extension `separate_reasoning: false`.
 """
 
 from __future__ import annotations

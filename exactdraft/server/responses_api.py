@@ -12,8 +12,9 @@ memory), with `instructions` as the system prompt. Tools are function tools and 
 same prompt and constraint as on /v1/chat/completions (tools.py). Refused: `conversation`,
 `background`, `prompt`, tools of other types and output formats other than text. Other
 optional fields (`metadata`, `reasoning`, `include`, `truncation`, ...) are accepted and
-ignored. Extensions, as on the other endpoints: `top_k`, `min_p`, `repetition_penalty`, `seed`
-and `drafts` (false: serial decoding).
+ignored. Where the chat template has reasoning (server/reasoning/), the reasoning is a
+`reasoning` output item. Extensions, as on the other endpoints: `top_k`, `min_p`,
+`repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exactdraft.server.reasoning.formats import Answer, Reasoning, StreamedReasoning
+from exactdraft.server.reasoning.formats import StreamedReasoning
+from exactdraft.server.reasoning.pieces import Answer, Reasoning
 from exactdraft.server.tool_calls.formats import CallArguments, CallEnd, CallStart, Content
 from exactdraft.server.tool_calls.requests import ToolRequest
 

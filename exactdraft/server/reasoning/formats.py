@@ -30,44 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exactdraft.server.reasoning.harmony import HarmonySplitter
+from exactdraft.server.reasoning.pieces import Answer, Piece, Pieces, Reasoning, held_back
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PROMPT_TAIL_TOKENS = 16  # prompt tokens decoded to see whether the prompt opened <think>
-
-
-@dataclass(frozen=True)
-class Reasoning:
-    text: str
-
-
-@dataclass(frozen=True)
-class Answer:
-    text: str
-
-
-Piece = Reasoning | Answer
-
-
-def held_back(text: str, markers: Sequence[str]) -> int:
-    """The length of the longest end of `text` that is the start of a marker."""
-    for size in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
-        if any(marker.startswith(text[-size:]) for marker in markers):
-            return size
-    return 0
-
-
-class Pieces:
-    """The pieces a splitter emits, empty ones left out."""
-
-    def __init__(self) -> None:
-        self.found: list[Piece] = []
-
-    def add(self, kind: type, text: str) -> None:
-        if text:
-            self.found.append(kind(text))
-
-    def take(self) -> list[Piece]:
-        found, self.found = self.found, []
-        return found
 
 
 class ThinkSplitter:
@@ -129,15 +96,9 @@ class ReasoningFormat:
     splitter: Callable[[bool], Any]
 
 
-def _harmony_splitter(opened: bool) -> Any:
-    from exactdraft.server.reasoning.harmony import HarmonySplitter
-
-    return HarmonySplitter()
-
-
 FORMATS: tuple[ReasoningFormat, ...] = (
     ReasoningFormat("harmony", lambda source: "<|channel|>" in source and "analysis" in source,
-                    _harmony_splitter),
+                    lambda opened: HarmonySplitter()),
     ReasoningFormat("think", lambda source: THINK_CLOSE in source, ThinkSplitter),
 )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from exactdraft.server.reasoning.formats import Answer, Piece, Pieces, Reasoning, held_back
+from exactdraft.server.reasoning.pieces import Answer, Piece, Pieces, Reasoning, held_back
 
 START, CHANNEL, MESSAGE = "<|start|>assistant", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")

@@ -61,6 +61,23 @@ def stream(base: str, path: str, body: dict) -> list[tuple[str | None, dict]]:
     return events
 
 
+def streamed_blocks(base: str, body: dict) -> tuple[list[dict], list[int]]:
+    """(the content blocks a streamed /v1/messages builds, its text and thinking deltas
+    joined; the indexes its content_block_stop events close, in order)."""
+    blocks: dict[int, dict] = {}
+    stops = []
+    for name, payload in stream(base, "/v1/messages", body):
+        if name == "content_block_start":
+            blocks[payload["index"]] = dict(payload["content_block"])
+        elif name == "content_block_delta" and payload["delta"]["type"] != "input_json_delta":
+            delta = payload["delta"]
+            key = "thinking" if delta["type"] == "thinking_delta" else "text"
+            blocks[payload["index"]][key] += delta[key]
+        elif name == "content_block_stop":
+            stops.append(payload["index"])
+    return [blocks[i] for i in sorted(blocks)], stops
+
+
 def chat(base: str, seed: int = 5, **extra) -> dict:
     status, reply = post(base, "/v1/chat/completions", {
         "messages": ASK, "max_tokens": 40, "temperature": 1.0, "seed": seed,
@@ -107,17 +124,8 @@ def test_anthropic_thinking_block_streamed_and_whole(base):
         {"type": "thinking", "thinking": match.group(1), "signature": ""},
         {"type": "text", "text": match.group(2)}]
     assert message["receipt"]["token_ids_sha256"] == written["receipt"]["token_ids_sha256"]
-    events = stream(base, "/v1/messages", body)
-    blocks: dict[int, dict] = {}
-    for name, payload in events:
-        if name == "content_block_start":
-            blocks[payload["index"]] = dict(payload["content_block"])
-        elif name == "content_block_delta":
-            delta = payload["delta"]
-            key = "thinking" if delta["type"] == "thinking_delta" else "text"
-            blocks[payload["index"]][key] += delta[key]
-    assert [blocks[i] for i in sorted(blocks)] == message["content"]
-    stops = [payload["index"] for name, payload in events if name == "content_block_stop"]
+    blocks, stops = streamed_blocks(base, body)
+    assert blocks == message["content"]
     assert stops == [0, 1]
 
 
@@ -192,6 +200,9 @@ def test_bad_reasoning_given_back_is_refused_by_name(base):
     status, reply = post(base, "/v1/messages", {"max_tokens": 1, "messages": [
         *ASK, {"role": "assistant", "content": [{"type": "thinking", "thinking": None}]}, *ASK]})
     assert status == 400 and "messages[1].content[0].thinking" in json.dumps(reply)
+    status, reply = post(base, "/v1/responses", {"max_output_tokens": 1, "input": [
+        *ASK, {"type": "reasoning", "summary": "not a list"}, *ASK]})
+    assert status == 400 and reply["error"]["param"] == "input[1].summary"
 
 
 def test_a_template_without_reasoning_answers_as_before(live):
@@ -265,15 +276,44 @@ def test_a_harmony_forced_call_is_constrained(served, base):
                             "input_schema": t["function"]["parameters"]} for t in TOOLS]}
     status, message = post(base, "/v1/messages", anthropic)
     assert status == 200, message
-    assert [b["type"] for b in message["content"]] in (["thinking"], ["thinking", "tool_use"])
-    blocks: dict[int, dict] = {}
-    for name, payload in stream(base, "/v1/messages", anthropic):
-        if name == "content_block_start":
-            blocks[payload["index"]] = dict(payload["content_block"])
-        elif name == "content_block_delta" and payload["delta"]["type"] == "thinking_delta":
-            blocks[payload["index"]]["thinking"] += payload["delta"]["thinking"]
-    assert [blocks[i] for i in sorted(blocks)] == message["content"][:1]
+    assert [b["type"] for b in message["content"]] == ["thinking"]
+    assert streamed_blocks(base, anthropic)[0] == message["content"]
     # Negative control: under tool_choice auto the output is free and makes no call.
     status, reply = post(base, "/v1/chat/completions", {**body, "tool_choice": "auto",
                                                         "seed": 0, "logit_bias": banned})
     assert status == 200 and "tool_calls" not in reply["choices"][0]["message"]
+
+
+REASON_THEN_CALL = (r"<\|channel\|>analysis<\|message\|>[a-z ]{1,8}<\|end\|><\|start\|>assistant"
+                    r"<\|channel\|>commentary to=functions\.now <\|constrain\|>json<\|message\|>"
+                    r"\{\}<\|call\|>")
+
+
+def test_a_call_after_reasoning_is_a_call_in_each_api(served, base):
+    served[1].use_chat_template(chat_template_source("harmony"))
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 150, "temperature": 1.0, "seed": 3,
+            "constraint": {"regex": REASON_THEN_CALL}}
+    status, reply = post(base, "/v1/chat/completions", body)
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == \
+        [{"name": "now", "arguments": "{}"}]
+    thought = choice["message"]["reasoning_content"]
+    assert re.fullmatch("[a-z ]{1,8}", thought) and choice["message"]["content"] is None
+    deltas = [payload["choices"][0]["delta"] for _, payload in
+              stream(base, "/v1/chat/completions", body) if payload["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == thought
+    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["now"]
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    anthropic = {**body, "tools": [{"name": t["function"]["name"],
+                                    "input_schema": t["function"]["parameters"]}
+                                   for t in TOOLS]}
+    status, message = post(base, "/v1/messages", anthropic)
+    assert status == 200, message
+    assert message["stop_reason"] == "tool_use"
+    assert [(b["type"], b.get("thinking", b.get("name"))) for b in message["content"]] == \
+        [("thinking", thought), ("tool_use", "now")]
+    blocks, _ = streamed_blocks(base, anthropic)
+    assert [(b["type"], b.get("thinking", b.get("name"))) for b in blocks] == \
+        [("thinking", thought), ("tool_use", "now")]

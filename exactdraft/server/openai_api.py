@@ -138,10 +138,10 @@ class Reply:
                     self.called.add(index)
             elif self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
-            if self.reasoning is not None:
-                choice["message"]["reasoning_content"] = reasoning or None
             else:
                 choice["text"] = result.text or ""
+            if self.reasoning is not None:
+                choice["message"]["reasoning_content"] = reasoning or None
             choice["finish_reason"] = self._finish(index, result)
             choice["logprobs"] = self.logprobs(result.logprobs, 0)
             choice["receipt"] = self.service.receipt(result)

@@ -211,6 +211,8 @@ def test_a_template_without_reasoning_answers_as_before(live):
         "messages": ASK, "max_tokens": 20, "seed": 1, "temperature": 1.0,
         "constraint": {"regex": SHAPE}})
     assert status == 200, reply
+    assert set(reply["choices"][0]) == {"index", "message", "finish_reason", "logprobs",
+                                        "receipt"}
     message = reply["choices"][0]["message"]
     assert set(message) == {"role", "content"}
     assert message["content"].startswith("<think>")  # the markup stays in the content

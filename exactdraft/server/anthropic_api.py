@@ -5,8 +5,11 @@ stop reason (end_turn for a stop token, stop_sequence with the string that match
 the length or context limit), the token counts and, as exactdraft's extension, the receipt (in the
 message, and in the stream's message_delta event). Streamed text deltas concatenate to the whole
 message's text; with tools (server/tool_calls/requests.py) the call markup comes out as `tool_use`
-blocks instead, whole or streamed alike. Extensions in a request: `min_p`, `repetition_penalty`,
-`seed` and `drafts` (false: serial decoding).
+blocks instead, whole or streamed alike; where the chat template has reasoning
+(server/reasoning/), the reasoning is a `thinking` block before what follows it, and the whole
+message is built from the same events its stream sends. Extensions in a request: `min_p`,
+`repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning` (false:
+the reasoning stays in the text as written).
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from exactdraft.server.fields import (
     integer,
     refuse_unsupported,
     sampling_fields,
+    separate_reasoning,
     stop_strings,
     text_content,
     typed,
 )
+from exactdraft.server.reasoning.formats import StreamedReasoning, reasoning_splitters
+from exactdraft.server.reasoning.pieces import Reasoning
 from exactdraft.server.service import Service
 
 UNSUPPORTED = ("mcp_servers", "container")
@@ -60,6 +66,7 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         conversation = [m for m in conversation
                         if not (isinstance(m, dict) and m.get("role") == "system")]
     system_text = "\n\n".join(text for text in systems if text) or None
+    conversation = thinking_apart(conversation)
     request = tools.anthropic_tools(body, getattr(service.tokenizer, "chat_template", None))
     if request is not None or tools.uses_tools(conversation):
         prompt: Any = tools.prompt_ids(
@@ -72,7 +79,34 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),
-                  sampling=sampling_fields(body))
+                  sampling=sampling_fields(body), separate_reasoning=separate_reasoning(body))
+
+
+def thinking_apart(conversation: Any) -> Any:
+    """The messages with each assistant message's thinking blocks taken out of its content
+    and given as its `reasoning_content` (their texts joined; redacted thinking has none), for
+    the chat template to render or drop as it does."""
+    if not isinstance(conversation, list):
+        return conversation
+    apart = []
+    for index, message in enumerate(conversation):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or message.get("role") != "assistant":
+            apart.append(message)
+            continue
+        thoughts, kept = [], []
+        for number, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "thinking":
+                where = f"messages[{index}].content[{number}].thinking"
+                if not isinstance(block.get("thinking"), str):
+                    raise RequestError(f"{where} must be a string", where)
+                thoughts.append(block["thinking"])
+            elif kind != "redacted_thinking":
+                kept.append(block)
+        given = {"reasoning_content": "".join(thoughts)} if thoughts else {}
+        apart.append({**message, "content": kept, **given})
+    return apart
 
 
 class Reply:
@@ -83,6 +117,14 @@ class Reply:
         self.call_prefix = f"toolu_{self.id[-24:]}_"
         self.blocks = None if wanted.tools is None else \
             tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
+        # A reply's reasoning is its thinking blocks (server/reasoning/) where the template
+        # has one; the blocks then open as the text comes, with tools or without.
+        self.reasoning = reasoning_splitters(service.tokenizer, prompt_ids,
+                                             wanted.separate_reasoning)
+        self.reasoner = None
+        if self.reasoning is not None:
+            self.reasoner = StreamedReasoning(self.reasoning)
+            self.blocks = tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
 
     def _tool_stop(self, reason: str, called: bool) -> str:
         return "tool_use" if called and reason == "end_turn" else reason
@@ -110,7 +152,10 @@ class Reply:
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]
-        if self.wanted.tools is not None:
+        if self.reasoning is not None:  # the blocks its stream builds
+            blocks = tool_replies.assembled_blocks(self.block_events(
+                result.text or "", True, result.finish_reason in tool_replies.CUT))
+        elif self.wanted.tools is not None:
             blocks = tool_replies.anthropic_blocks(self.wanted.tools, result.text or "",
                                                    self.call_prefix,
                                                    result.finish_reason in tool_replies.CUT)
@@ -132,13 +177,23 @@ class Reply:
                                          "content_block": {"type": "text", "text": ""}}),
                 ("ping", {"type": "ping"})]
 
+    def block_events(self, text: str, final: bool, cut: bool) -> list[tuple[str, dict[str, Any]]]:
+        """The content-block events of the next piece of text (with tools or reasoning)."""
+        if self.reasoner is None:
+            return self.blocks.events(text, final, cut)
+        events = []
+        for piece in self.reasoner.pieces(text, final):
+            events += self.blocks.thinking(piece.text) if isinstance(piece, Reasoning) else \
+                self.blocks.events(piece.text, False)
+        return events + (self.blocks.events("", True, cut) if final else [])
+
     def chunk_events(self, chunk: Chunk) -> list[tuple[str, dict[str, Any]]]:
         events = []
         if self.blocks is not None:
             result = chunk.result
-            events += self.blocks.events(chunk.text, result is not None,
-                                         result is not None and
-                                         result.finish_reason in tool_replies.CUT)
+            events += self.block_events(chunk.text, result is not None,
+                                        result is not None and
+                                        result.finish_reason in tool_replies.CUT)
         elif chunk.text:
             events.append(("content_block_delta", {
                 "type": "content_block_delta", "index": 0,

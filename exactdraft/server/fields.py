@@ -88,6 +88,9 @@ class Wanted:
     # What the output must follow (a ConstraintRequest: response_format, the `constraint`
     # extension, or a tool call's grammar; Service.submit builds it); None: free output.
     constraint: ConstraintRequest | None = None
+    # The reasoning of a chat reply apart from its answer (server/reasoning/), unless the
+    # request sends `"separate_reasoning": false`.
+    separate_reasoning: bool = True
 
 
 # The most UTF-8 bytes of constraint text a request may send (a JSON schema as JSON, a regex, a
@@ -327,8 +330,31 @@ def chat_messages(value: Any, name: str = "messages",
             raise RequestError(f"{where}.role {json.dumps(role)[:40]} is not one of "
                                f"{', '.join(sorted(ROLES))}", f"{where}.role")
         messages.append({"role": ROLES[role],
-                         "content": text_content(message.get("content"), f"{where}.content")})
+                         "content": text_content(message.get("content"), f"{where}.content"),
+                         **given_reasoning(message, where)})
     return messages
+
+
+def given_reasoning(message: Mapping[str, Any], where: str) -> dict[str, str]:
+    """{"reasoning_content": text} for an assistant message that gives its reasoning back
+    (`reasoning_content`, or `reasoning`), for the chat template to render or drop as it
+    does; {} otherwise."""
+    if message.get("role") != "assistant":
+        return {}
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RequestError(f"{where}.{name} must be a string", f"{where}.{name}")
+        return {"reasoning_content": checked_text(value, f"{where}.{name}")}
+    return {}
+
+
+def separate_reasoning(body: Mapping[str, Any]) -> bool:
+    """The `separate_reasoning` extension: false sends a reasoning model's reply as it was
+    written, its reasoning and markup in the text."""
+    return typed(body, "separate_reasoning", (bool,), "true or false", True)
 
 
 def refuse_unsupported(body: Mapping[str, Any], names: tuple[str, ...]) -> None:

@@ -7,7 +7,9 @@ deltas concatenate to the whole response's text. Fields beyond OpenAI's are exac
 extensions: `top_k`, `min_p`, `repetition_penalty` and `drafts` (false: serial decoding) in a
 request, `receipt` on each finished choice. With tools (server/tool_calls/requests.py), the
 call markup in a choice's text comes out as its `tool_calls` instead of content, whole or
-streamed alike.
+streamed alike. Where the chat template has reasoning (server/reasoning/), a chat choice's
+reasoning is its message's `reasoning_content` (streamed as `delta.reasoning_content`) and the
+content is the answer only, unless the request sends the extension `separate_reasoning: false`.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ from exactdraft.server.fields import (
     integer,
     refuse_unsupported,
     sampling_fields,
+    separate_reasoning,
     stop_strings,
     top_logprobs,
     typed,
+)
+from exactdraft.server.reasoning.formats import (
+    StreamedReasoning,
+    reasoning_splitters,
+    split_whole,
 )
 from exactdraft.server.service import Service
 
@@ -69,6 +77,7 @@ def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
     else:
         wanted.prompt = chat_messages(body.get("messages"))
     wanted.constraint = constraint_from(body, tools.constraint_for(request))
+    wanted.separate_reasoning = separate_reasoning(body)
     if typed(body, "logprobs", (bool,), "true or false", False):
         wanted.logprobs = top_logprobs(body, "top_logprobs")
     elif body.get("top_logprobs") is not None:
@@ -88,6 +97,10 @@ class Reply:
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
         self.splitters: dict[int, Any] = {}  # choice -> tool-call splitter, when streaming
         self.called: set[int] = set()  # choices that made tool calls
+        # A chat reply's reasoning goes apart (server/reasoning/) where the template has one.
+        self.reasoning = reasoning_splitters(service.tokenizer, prompt_ids,
+                                             wanted.separate_reasoning) if chat else None
+        self.reasoners: dict[int, StreamedReasoning] = {}  # choice -> splitter, streaming
 
     def _call_prefix(self, index: int) -> str:
         return f"call_{self.id[-24:]}_{index}_"
@@ -114,16 +127,21 @@ class Reply:
         choices = []
         for index, result in enumerate(results):
             choice: dict[str, Any] = {"index": index}
+            text, reasoning = result.text or "", ""
+            if self.reasoning is not None:
+                reasoning, text = split_whole(self.reasoning(), text)
             if self.chat and self.wanted.tools is not None:
                 choice["message"] = tool_replies.openai_message(
-                    self.wanted.tools, result.text or "", self._call_prefix(index),
+                    self.wanted.tools, text, self._call_prefix(index),
                     result.finish_reason in tool_replies.CUT)
                 if choice["message"].get("tool_calls"):
                     self.called.add(index)
             elif self.chat:
-                choice["message"] = {"role": "assistant", "content": result.text or ""}
+                choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = result.text or ""
+            if self.reasoning is not None:
+                choice["message"]["reasoning_content"] = reasoning or None
             choice["finish_reason"] = self._finish(index, result)
             choice["logprobs"] = self.logprobs(result.logprobs, 0)
             choice["receipt"] = self.service.receipt(result)
@@ -138,6 +156,12 @@ class Reply:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             text = chunk.text
+            if self.reasoning is not None:
+                if index not in self.reasoners:
+                    self.reasoners[index] = StreamedReasoning(self.reasoning)
+                reasoning, text = self.reasoners[index].split(text, chunk.result is not None)
+                if reasoning:
+                    delta["reasoning_content"] = reasoning
             if self.wanted.tools is not None:  # calls come out of the text as tool_calls
                 if index not in self.splitters:
                     self.splitters[index] = self.wanted.tools.splitter(self._call_prefix(index))

@@ -12,8 +12,9 @@ memory), with `instructions` as the system prompt. Tools are function tools and 
 same prompt and constraint as on /v1/chat/completions (tools.py). Refused: `conversation`,
 `background`, `prompt`, tools of other types and output formats other than text. Other
 optional fields (`metadata`, `reasoning`, `include`, `truncation`, ...) are accepted and
-ignored. Extensions, as on the other endpoints: `top_k`, `min_p`, `repetition_penalty`, `seed`
-and `drafts` (false: serial decoding).
+ignored. Where the chat template has reasoning (server/reasoning/), the reasoning is a
+`reasoning` output item. Extensions, as on the other endpoints: `top_k`, `min_p`,
+`repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning`.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from exactdraft.server.fields import (
     integer,
     refuse_unsupported,
     sampling_fields,
+    separate_reasoning,
     typed,
 )
+from exactdraft.server.reasoning.formats import reasoning_splitters
 from exactdraft.server.responses_input import input_messages, tool_request
 from exactdraft.server.responses_output import OutputItems
 from exactdraft.server.responses_store import ResponseStore
@@ -101,7 +104,8 @@ def responses_request(body: Mapping[str, Any], service: Service,
                     stream=typed(body, "stream", (bool,), "true or false", False),
                     drafts=typed(body, "drafts", (bool,), "true or false", True),
                     sampling=sampling_fields(body), tools=active,
-                    constraint=constraint_from({}, tools.constraint_for(request)))
+                    constraint=constraint_from({}, tools.constraint_for(request)),
+                    separate_reasoning=separate_reasoning(body))
     echoed = {"instructions": instructions, "previous_response_id": previous,
               "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
               "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False}
@@ -117,7 +121,8 @@ class Reply:
         self.store = store
         key = uuid.uuid4().hex
         self.id = "resp_" + key
-        self.output = OutputItems(request.tools, key)
+        self.output = OutputItems(request.tools, key, reasoning_splitters(
+            service.tokenizer, prompt_ids, self.wanted.separate_reasoning))
         self.created = int(time.time())
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
         self.sequence = 0  # the stream's next sequence_number

@@ -63,19 +63,22 @@ def input_messages(value: Any, calls: dict[str, str]) -> list[dict[str, Any]]:
     function_call items are the calls of an assistant message (joined to the assistant
     message just before them) and function_call_output items are tool messages, each
     answering a call made earlier in the conversation. `calls` (call id -> name) holds the
-    calls of the conversation so far and gains this input's. Reasoning items, which carry
-    nothing this server can use, are skipped."""
+    calls of the conversation so far and gains this input's. A reasoning item's text (its
+    reasoning_text content, else its summary) is the `reasoning_content` of the assistant
+    message that follows it, for the chat template to render or drop as it does."""
     if isinstance(value, str) and value:
         return [{"role": "user", "content": checked_text(value, "input")}]
     if not isinstance(value, list) or not value:
         raise RequestError("input must be a non-empty string or a list of items", "input")
     messages: list[dict[str, Any]] = []
+    thought: dict[str, str] = {}  # the reasoning given for the next assistant message
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise RequestError(f"{where} must be an item object", where)
         kind = item.get("type", "message")
         if kind == "reasoning":
+            thought = _reasoning(item, where)
             continue
         if kind == "message":
             role = item.get("role")
@@ -83,14 +86,18 @@ def input_messages(value: Any, calls: dict[str, str]) -> list[dict[str, Any]]:
                 raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}",
                                    f"{where}.role")
             messages.append({"role": role, "content": _text(item.get("content"),
-                                                            f"{where}.content")})
+                                                            f"{where}.content"),
+                             **(thought if role == "assistant" else {})})
+            thought = {}
         elif kind == "function_call":
             call = _call(item, where)
             calls[call["id"]] = call["function"]["name"]
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not thought:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call],
+                                 **thought})
+            thought = {}
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or call_id not in calls:
@@ -104,6 +111,24 @@ def input_messages(value: Any, calls: dict[str, str]) -> list[dict[str, Any]]:
                                "(message, function_call and function_call_output items are)",
                                f"{where}.type")
     return messages
+
+
+def _reasoning(item: Mapping[str, Any], where: str) -> dict[str, str]:
+    """{"reasoning_content": text} of a reasoning item: its reasoning_text parts, else its
+    summary_text parts; {} when it has neither (encrypted reasoning only)."""
+    for name, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(name)
+        if parts is None:
+            continue
+        if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and p.get("type") == part_type and
+                isinstance(p.get("text"), str) for p in parts):
+            raise RequestError(f"{where}.{name} must be a list of {part_type} parts",
+                               f"{where}.{name}")
+        if parts:
+            return {"reasoning_content": checked_text("".join(p["text"] for p in parts),
+                                                      f"{where}.{name}")}
+    return {}
 
 
 def _call(item: Mapping[str, Any], where: str) -> dict[str, Any]:

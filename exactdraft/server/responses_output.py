@@ -9,13 +9,18 @@ and finished (`response.output_item.done`) after them with the very item the res
 concatenate to its text and a call's `response.function_call_arguments.delta` events to its
 `arguments`. No text carries call markup; whitespace around calls is dropped as the tool-call
 splitter drops it (server/tool_calls/formats.py). A call cut by the length limit is dropped, as
-the chat APIs drop it: no function_call item whose arguments may not parse.
+the chat APIs drop it: no function_call item whose arguments may not parse. Where the template
+has reasoning (server/reasoning/), the reasoning is a `reasoning` item before what follows it,
+its text a reasoning_text content part streamed as `response.reasoning_text.delta` events.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from exactdraft.server.reasoning.formats import StreamedReasoning
+from exactdraft.server.reasoning.pieces import Answer, Reasoning
 from exactdraft.server.tool_calls.formats import CallArguments, CallEnd, CallStart, Content
 from exactdraft.server.tool_calls.requests import ToolRequest
 
@@ -26,11 +31,17 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 class OutputItems:
     """The items of one response as its text comes in; `key` makes the item and call ids."""
 
-    def __init__(self, request: ToolRequest | None, key: str) -> None:
+    def __init__(self, request: ToolRequest | None, key: str,
+                 reasoning: Callable[[], Any] | None = None) -> None:
         self.splitter = None if request is None else request.splitter(f"call_{key}_")
+        self.reasoner = None if reasoning is None else StreamedReasoning(reasoning)
         self.key = key
         self.items: list[dict[str, Any]] = []  # the output so far; the open item is the last
         self.open: dict[str, Any] | None = None
@@ -38,9 +49,10 @@ class OutputItems:
         self.events: list[Event] = []
 
     def start(self) -> list[Event]:
-        """The events before any text: without tools the one message opens at once."""
+        """The events before any text: without tools or reasoning the one message opens at
+        once."""
         self.started = True
-        if self.splitter is None:
+        if self.splitter is None and self.reasoner is None:
             self._open_message()
         return self._take()
 
@@ -49,11 +61,14 @@ class OutputItems:
         `cut`: the length limit ended it)."""
         if not self.started:
             self.start()
-        if self.splitter is None:
-            self._text(text)
-        else:
-            found = self.splitter.feed(text) + (self.splitter.finish(cut) if final else [])
-            for event in found:
+        pieces = [Answer(text)] if self.reasoner is None else self.reasoner.pieces(text, final)
+        for piece in pieces:
+            if isinstance(piece, Reasoning):
+                self._reasoning(piece.text)
+            else:
+                self._answer(piece.text)
+        if self.splitter is not None and final:
+            for event in self.splitter.finish(cut):
                 self._event(event)
         if final:
             if not self.items:  # no text and no call: an empty message
@@ -61,6 +76,28 @@ class OutputItems:
             self._close()
             self.finished = True
         return self._take()
+
+    def _answer(self, text: str) -> None:
+        if self.splitter is not None:
+            for event in self.splitter.feed(text):
+                self._event(event)
+            return
+        if text and (self.open is None or self.open["type"] != "message"):
+            self._close()
+            self._open_message()
+        self._text(text)
+
+    def _reasoning(self, text: str) -> None:
+        if self.open is None or self.open["type"] != "reasoning":
+            self._close()
+            self._add({"type": "reasoning", "id": f"rs_{self.key}_{len(self.items)}",
+                       "summary": [], "content": [], "status": "in_progress"})
+            self.open["text"] = ""  # the text so far; a part once the item is done
+            self.events.append(("response.content_part.added",
+                                {**self._where(True), "part": reasoning_part("")}))
+        self.open["text"] += text
+        self.events.append(("response.reasoning_text.delta",
+                            {**self._where(True), "delta": text}))
 
     def _take(self) -> list[Event]:
         events, self.events = self.events, []
@@ -116,7 +153,15 @@ class OutputItems:
         """Finish the open item."""
         if self.open is None:
             return
-        if self.open["type"] == "message":
+        if self.open["type"] == "reasoning":
+            text = self.open.pop("text")
+            self.open["content"] = [reasoning_part(text)]
+            where = self._where(True)
+            self.events.append(("response.reasoning_text.done", {**where, "text": text}))
+            self.events.append(("response.content_part.done",
+                                {**where, "part": reasoning_part(text)}))
+            self.open["status"] = "completed"
+        elif self.open["type"] == "message":
             text = self.open.pop("text")
             self.open["content"] = [text_part(text)]
             where = self._where(True)
@@ -144,4 +189,7 @@ class OutputItems:
                   "function": {"name": item["name"], "arguments": item["arguments"]}}
                  for item in self.items
                  if item["type"] == "function_call" and item["status"] == "completed"]
-        return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+        reasoning = "".join(part["text"] for item in self.items if item["type"] == "reasoning"
+                            for part in item["content"])
+        return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {}),
+                **({"reasoning_content": reasoning} if reasoning else {})}

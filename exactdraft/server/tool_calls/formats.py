@@ -339,7 +339,10 @@ def constraint_grammar(tool_format: ToolFormat, functions: Sequence[Mapping[str,
     `choice`: "required" (at least one call to any function), "auto" (free text, but the
     arguments of calls to functions marked strict follow their schemas), or a function name
     (exactly that function). Calls are written with fixed spacing, so everything but the
-    arguments is forced. Formats without a grammar here (qwen3-xml, gemma) return None."""
+    arguments is forced. Formats without a grammar here (qwen3-xml, gemma) return None;
+    Harmony's forced calls are harmony.call_grammar's."""
+    if tool_format.name == "harmony":
+        return harmony.call_grammar(functions, choice, parallel)
     if choice == "none" or tool_format.name not in ("hermes", "generic", "mistral", "llama3"):
         return None
     if choice == "auto":

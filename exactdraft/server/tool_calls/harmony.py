@@ -10,13 +10,18 @@ function name, the channel and the content type, up to <|message|>) is read once
 complete; the arguments stream as the model writes them while JsonEnd tracks where the object
 ends; the closing <|call|> is optional (it is a stop token, which the text may not carry). A
 header that is not a function name followed by the channel or content type, or arguments that
-are not a JSON object, raise ToolCallError naming the call.
+are not a JSON object, raise ToolCallError naming the call. `call_grammar` is the constraint of
+a call tool_choice forces, written as this reader reads it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from exactdraft.constraints.constraint import COMPACT_JSON
 from exactdraft.server.tool_calls.readers import (
     CallSink,
     JsonEnd,
@@ -87,3 +92,37 @@ class HarmonyCallReader:
             self.called = True
         taken = _closing(pending[used:], CALL, final, self._what())
         return (used, False) if taken is None else (used + taken, True)
+
+
+# -- the constraint of a forced call ------------------------------------------------------
+
+def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
+                 parallel: bool) -> str | None:
+    """The Lark grammar (llguidance's dialect) of the calls tool_choice `choice` forces in
+    Harmony ("required": one call to any function, several with `parallel`; a function's
+    name: one call to it), or None for "auto" and "none" (free output). The reply may reason
+    first, in one analysis message; each call is a commentary message to functions.NAME with
+    compact JSON arguments (unless the schema says otherwise), ended by <|call|>. The
+    generation prompt ends with <|start|>assistant, so the first message has no role header
+    and a later call starts with one."""
+    if choice in ("auto", "none"):
+        return None
+    chosen = list(functions) if choice == "required" else \
+        [f for f in functions if f["name"] == choice]
+    if not chosen:
+        raise ToolCallError(f"tool_choice names {choice!r}, which is not one of the tools")
+    rules = []
+    for index, function in enumerate(chosen):
+        schema = dict(function.get("parameters") or {"type": "object"})
+        schema.setdefault("x-guidance", COMPACT_JSON)
+        head = f"<|channel|>commentary to=functions.{function['name']} <|constrain|>json" \
+            + MESSAGE
+        rules.append(f"call_{index}: {json.dumps(head)} %json {json.dumps(schema)} "
+                     f"{json.dumps(CALL)}")
+    more = f' ({json.dumps("<|start|>assistant")} call)*' if parallel else ""
+    return "\n".join([
+        f"start: analysis? call{more}",
+        "call: " + " | ".join(f"call_{i}" for i in range(len(chosen))),
+        f'analysis: {json.dumps("<|channel|>analysis" + MESSAGE)} thought '
+        f'{json.dumps("<|start|>assistant")}',
+        r"thought[lazy]: /(?s:.*)<\|end\|>/", *rules]) + "\n"

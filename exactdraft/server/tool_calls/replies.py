@@ -77,10 +77,11 @@ def anthropic_blocks(request: ToolRequest, text: str, id_prefix: str,
 class AnthropicBlocks:
     """The content-block events of a streamed message with tools: a text block opens when
     text comes and closes when a call starts; each call is a tool_use block whose input
-    streams as input_json_delta events."""
+    streams as input_json_delta events. Without a request (no tools) the text is all text
+    blocks; `thinking` opens a thinking block for reasoning (server/reasoning/)."""
 
-    def __init__(self, request: ToolRequest, id_prefix: str) -> None:
-        self.splitter = request.splitter(id_prefix)
+    def __init__(self, request: ToolRequest | None, id_prefix: str) -> None:
+        self.splitter = None if request is None else request.splitter(id_prefix)
         self.open: str | None = None  # the kind of the open block
         self.count = 0  # blocks started
         self.called = False
@@ -103,7 +104,10 @@ class AnthropicBlocks:
         """The events of the next piece of text (`final`: the last, `cut` by the length
         limit)."""
         out: list[tuple[str, dict[str, Any]]] = []
-        found = self.splitter.feed(text) + (self.splitter.finish(cut) if final else [])
+        if self.splitter is None:
+            found: list[Any] = [Content(text)] if text else []
+        else:
+            found = self.splitter.feed(text) + (self.splitter.finish(cut) if final else [])
         for event in found:
             if isinstance(event, Content):
                 if self.open != "text":
@@ -126,3 +130,33 @@ class AnthropicBlocks:
                 out += self._start({"type": "text", "text": ""})
             out += self._stop()
         return out
+
+    def thinking(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        """The events of a piece of reasoning: a thinking block's delta (the block opens
+        first unless it is open)."""
+        out = [] if self.open == "thinking" else \
+            self._start({"type": "thinking", "thinking": "", "signature": ""})
+        return out + [("content_block_delta", {
+            "type": "content_block_delta", "index": self.count - 1,
+            "delta": {"type": "thinking_delta", "thinking": text}})]
+
+
+def assembled_blocks(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The content blocks a message's stream of block events builds (what a client that
+    reads the stream holds at its end): text and thinking deltas joined, input JSON parsed."""
+    blocks: list[dict[str, Any]] = []
+    inputs: dict[int, str] = {}
+    for kind, payload in events:
+        if kind == "content_block_start":
+            blocks.append(dict(payload["content_block"]))
+        elif kind == "content_block_delta":
+            delta, index = payload["delta"], payload["index"]
+            if delta["type"] == "text_delta":
+                blocks[index]["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                blocks[index]["thinking"] += delta["thinking"]
+            else:
+                inputs[index] = inputs.get(index, "") + delta["partial_json"]
+    for index, text in inputs.items():
+        blocks[index]["input"] = json.loads(text)
+    return blocks

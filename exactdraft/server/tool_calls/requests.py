@@ -39,6 +39,7 @@ from exactdraft.server.fields import (
     ConstraintRequest,
     RequestError,
     checked_text,
+    given_reasoning,
     text_content,
     typed,
 )
@@ -283,7 +284,8 @@ def openai_history(value: Any) -> list[dict[str, Any]]:
         if role == "assistant" and content is None:  # a reply that was only calls, or cut
             content = ""
         entry: dict[str, Any] = {"role": ROLES.get(role, role),
-                                 "content": text_content(content, f"{where}.content")}
+                                 "content": text_content(content, f"{where}.content"),
+                                 **given_reasoning(message, where)}
         if role == "assistant" and message.get("tool_calls") is not None:
             entry["tool_calls"] = _openai_calls(message["tool_calls"], f"{where}.tool_calls",
                                                 calls)
@@ -331,9 +333,11 @@ def anthropic_history(value: Any, system: str | None) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise RequestError(f"{where}.role must be user or assistant", f"{where}.role")
         role, content = message["role"], message.get("content")
+        reasoning = given_reasoning(message, where)
         if isinstance(content, str):
             messages.append({"role": role, "content": checked_text(content,
-                                                                   f"{where}.content")})
+                                                                   f"{where}.content"),
+                             **reasoning})
             continue
         if not isinstance(content, list):
             raise RequestError(f"{where}.content must be a string or a list of blocks",
@@ -372,9 +376,10 @@ def anthropic_history(value: Any, system: str | None) -> list[dict[str, Any]]:
                                    "tool_result from the user are)", f"{at}.type")
         messages += results
         if uses:
-            messages.append({"role": role, "content": "".join(texts), "tool_calls": uses})
+            messages.append({"role": role, "content": "".join(texts), "tool_calls": uses,
+                             **reasoning})
         elif texts or not results:
-            messages.append({"role": role, "content": "".join(texts)})
+            messages.append({"role": role, "content": "".join(texts), **reasoning})
     return messages
 
 

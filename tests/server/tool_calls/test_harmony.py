@@ -1,7 +1,9 @@
 """The Harmony tool-call row (gpt-oss): calls in either header form parse from any cut of the
 text with no call markup left in the content, a text cut inside a call drops it, markup that
-does not parse raises naming the call; and the built-in `harmony` template renders a chat with
-tools, a call and its result exactly, its call parsing back in the format detected from it."""
+does not parse raises naming the call; the built-in `harmony` template renders a chat with
+tools, a call and its result exactly, its call parsing back in the format detected from it; and
+the grammar of a forced call accepts exactly the calls tool_choice allows, reasoning first or
+not."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import pytest
 from exactdraft.loading.builtin_templates import chat_template_source
 from exactdraft.loading.chat_template import render_chat_with_tools
 from exactdraft.loading.tokenizer import Tokenizer
+from exactdraft.server.reasoning.formats import split_whole
+from exactdraft.server.reasoning.harmony import HarmonySplitter
 from exactdraft.server.tool_calls.formats import (
     ToolCall,
+    constraint_grammar,
     detect_format,
     format_named,
     parse_tool_calls,
@@ -21,7 +26,12 @@ from exactdraft.server.tool_calls.formats import (
 from exactdraft.server.tool_calls.harmony import MARKERS
 from exactdraft.server.tool_calls.readers import ToolCallError
 from tests.loading.test_builtin_templates import CHAT, WEATHER
-from tests.server.tool_calls.test_formats import TOOLS, check_events, run
+from tests.server.tool_calls.test_formats import (  # noqa: F401 (a fixture)
+    TOOLS,
+    byte_matcher,
+    check_events,
+    run,
+)
 
 ANALYSIS = "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
 CALL = ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
@@ -113,3 +123,47 @@ def test_the_builtin_renders_harmony_turns_and_its_call_parses_back(tiny_checkpo
     unnamed = [{key: value for key, value in message.items() if key != "name"}
                for message in CHAT]
     assert render_chat_with_tools(tokenizer, unnamed, [WEATHER]) == HARMONY_EXPECTED
+
+
+FUNCTIONS = [{"name": "get_weather", "parameters": TOOLS["get_weather"]},
+             {"name": "now", "parameters": {"type": "object"}}]
+FORCED = ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+          '{"city": "Paris", "days": 2}<|call|>')
+NOW = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>"
+
+
+@pytest.mark.parametrize("choice, parallel, text, accepted", [
+    ("get_weather", False, FORCED, True),
+    ("get_weather", False, "<|channel|>analysis<|message|>Use the tool.<|end|>"
+     "<|start|>assistant" + FORCED, True),
+    ("get_weather", False, NOW, False),  # a named choice: that function only
+    ("get_weather", False, FORCED.replace('"Paris"', "7"), False),  # city is a string
+    ("get_weather", False, "<|channel|>final<|message|>It rains.<|return|>", False),
+    ("get_weather", False, FORCED + "<|start|>assistant" + FORCED, False),  # one call
+    ("required", True, FORCED + "<|start|>assistant" + NOW, True),
+    ("required", False, NOW, True),
+    ("required", True, "It rains.", False),
+])
+def test_a_forced_call_grammar_accepts_exactly_the_calls_allowed(
+        byte_matcher, choice, parallel, text, accepted):  # noqa: F811 (the fixture)
+    harmony = format_named("harmony")
+    grammar = constraint_grammar(harmony, FUNCTIONS, choice, parallel)
+    assert byte_matcher(grammar, text) is accepted
+    if accepted:  # and what it accepts, the reasoning splitter and the call reader read
+        reasoning, answer = split_whole(HarmonySplitter(), text)
+        content, calls = parse_tool_calls(answer, harmony, TOOLS)
+        assert content == "" and calls and all(c.name in TOOLS for c in calls)
+        assert reasoning == ("Use the tool." if "analysis" in text else "")
+
+
+def test_harmony_grammars_compile_and_free_choices_have_none():
+    llguidance = pytest.importorskip("llguidance")
+    harmony = format_named("harmony")
+    for choice, parallel in (("required", True), ("now", False)):
+        grammar = constraint_grammar(harmony, FUNCTIONS, choice, parallel)
+        assert llguidance.LLMatcher.validate_grammar(
+            llguidance.grammar_from("lark", grammar)) == ""
+    assert constraint_grammar(harmony, FUNCTIONS, "auto", True) is None
+    assert constraint_grammar(harmony, FUNCTIONS, "none", True) is None
+    with pytest.raises(ToolCallError, match="launch"):
+        constraint_grammar(harmony, FUNCTIONS, "launch", False)

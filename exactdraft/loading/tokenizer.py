@@ -20,11 +20,14 @@ from exactdraft.loading.gemma4_vocabulary import gemma4_backend
 from exactdraft.loading.sentencepiece import sentencepiece_backend
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
-# Tokens that close a turn or a document in the families we load; a special token of this name
-# in the vocabulary stops generation together with eos.
+# Tokens that close a turn or a document in the families we load (Gemma 4's turn ends at
+# <turn|>); a special token of this name in the vocabulary stops generation together with eos.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
-                      "<|endoftext|>")
-END_OF_TURN_TOKENS += ("<turn|>",)  # Gemma 4
+                      "<|endoftext|>", "<turn|>")
+# The Harmony format (gpt-oss) ends a turn at <|return|> or at a tool call's <|call|>; its
+# <|end|> closes one message of the turn (the analysis before the final answer), so in a
+# vocabulary that has <|return|> it does not stop generation.
+HARMONY_TURN_TOKENS = ("<|return|>", "<|call|>")
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL = 3
@@ -74,7 +77,9 @@ class Tokenizer:
                    if token.special}
         stops = [eos_token_id] if eos_token_id is not None else []
         stops += [i for i in extra_stop_token_ids if i is not None]
-        for name in END_OF_TURN_TOKENS:
+        harmony = backend.token_to_id(HARMONY_TURN_TOKENS[0]) in special
+        names = [name for name in END_OF_TURN_TOKENS if not (harmony and name == "<|end|>")]
+        for name in names + list(HARMONY_TURN_TOKENS if harmony else ()):
             index = backend.token_to_id(name)
             if index is not None and index in special:
                 stops.append(index)

@@ -263,3 +263,16 @@ def test_gguf_merges_special_and_user_defined_tokens():
     assert plain.decode(ids, skip_special_tokens=True) == "x<think>y"
     assert plain.stop_token_ids == (piece("<|end_of_text|>"), piece("<|eot_id|>"))
     assert plain.decode(plain.encode("Ünïcödé 🙂\n\t ok")) == "Ünïcödé 🙂\n\t ok"
+
+
+def test_harmony_turns_end_at_return_and_call_not_at_end():
+    """gpt-oss's vocabulary: <|end|> closes the analysis message inside a turn, so it must not
+    stop generation; <|return|> and <|call|> do. A vocabulary without <|return|> (Phi-3's
+    kind) still stops at <|end|> (the control)."""
+    harmony_tokens = [("<|end|>", 3), ("<|return|>", 3), ("<|call|>", 3)]
+    harmony = Tokenizer.from_gguf(synthetic_gguf("gpt2", [], harmony_tokens))
+    piece = harmony.backend.token_to_id
+    assert piece("<|end|>") not in harmony.stop_token_ids
+    assert {piece("<|return|>"), piece("<|call|>")} <= set(harmony.stop_token_ids)
+    plain = Tokenizer.from_gguf(synthetic_gguf("gpt2", [], [("<|end|>", 3)]))
+    assert plain.backend.token_to_id("<|end|>") in plain.stop_token_ids

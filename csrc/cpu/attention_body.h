@@ -11,6 +11,11 @@
  * block take turns on each key tile, so that its keys and values are read from memory once for
  * the block: that changes which head's or row's operation comes next, never the operations of
  * any (row, head).
+ *
+ * Sinks (attention_problem.sinks): a head's sink joins the row's softmax as one more logit
+ * with no value, at a fixed place of the order: the running max and sum start from it (max =
+ * sink, sum = 1) instead of (-inf, 0), so the first tile rescales it as it rescales any earlier
+ * tile, and the rest of the order is the one without sinks.
  */
 
 #define MAX_HEAD_VECTORS (MAX_HEAD_DIM / VW + 1)
@@ -176,8 +181,8 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
             first[r] = position[r] - p->window + 1;
         for (ptrdiff_t v = 0; v < count * all; v++) acc_state[r * count * all + v] = vf_zero();
         for (int h = 0; h < count; h++) {
-            running_max[r][h] = -INFINITY;
-            running_sum[r][h] = 0.0f;
+            running_max[r][h] = p->sinks ? p->sinks[head0 + h] : -INFINITY;
+            running_sum[r][h] = p->sinks ? 1.0f : 0.0f;
         }
         const ptrdiff_t first_tile = first[r] / KEY_TILE * KEY_TILE;
         if (first_tile < tiles_from) tiles_from = first_tile;

@@ -14,6 +14,7 @@ import pytest
 
 from exactdraft.backends.sinks import require_attention_sinks, sink_logits
 from exactdraft.errors import BackendError
+from tests.kernels.test_cpu_attention_sinks import sink_reference
 
 HEADS, KV_HEADS, DIM, CAPACITY = 6, 2, 16, 768
 SINKS = np.array([-3.0, 0.0, 1.5, 4.0, -0.5, 9.0], np.float32)
@@ -49,20 +50,6 @@ def problem(seed: int, rows: int):
                     for _ in range(2))
     q = rng.standard_normal((rows, HEADS, DIM)).astype(np.float32)
     return q, keys, values
-
-
-def sink_reference(q, keys, values, positions, window, scale, sinks) -> np.ndarray:
-    group = HEADS // KV_HEADS
-    out = np.zeros(q.shape)
-    for m, position in enumerate(positions):
-        first = max(0, position - window + 1) if window else 0
-        for h in range(HEADS):
-            k = keys[h // group, first:position + 1].astype(np.float64)
-            v = values[h // group, first:position + 1].astype(np.float64)
-            logits = np.append(k @ q[m, h].astype(np.float64) * scale, float(sinks[h]))
-            weights = np.exp(logits - logits.max())
-            out[m, h] = weights[:-1] @ v / weights.sum()
-    return out
 
 
 def attend(be, q, keys, values, positions, window, sinks=SINKS) -> np.ndarray:

@@ -20,16 +20,9 @@ pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
 LEVELS = (cpu.simd_levels() + cpu.emulated_simd_levels()) if cpu.available() else ()
+# conftest's `level` fixture over these levels: the emulated ones too.
+every_level = pytest.mark.parametrize("level", LEVELS, indirect=True)
 HEADS, KV_HEADS = 6, 2
-
-
-@pytest.fixture(params=LEVELS)
-def any_level(request):
-    """Every level this CPU runs, the emulated ones too, restoring the default after."""
-    default = cpu.simd_level()
-    cpu.set_simd_level(request.param)
-    yield request.param
-    cpu.set_simd_level(default)
 
 
 def problem(seed: int, capacity: int, head_dim: int, rows: int):
@@ -58,8 +51,9 @@ def sink_reference(q, keys, values, positions, window, scale, sinks) -> np.ndarr
     return out
 
 
+@every_level
 @pytest.mark.parametrize("head_dim,window", [(64, 0), (64, 50), (40, 0), (128, 70)])
-def test_sinks_match_the_float64_softmax(any_level, head_dim, window):
+def test_sinks_match_the_float64_softmax(level, head_dim, window):
     q, keys, values, sinks = problem(1, 300, head_dim, 6)
     positions = np.array([0, 63, 64, 130, 250, 299])
     scale = head_dim**-0.5
@@ -74,10 +68,11 @@ def test_sinks_match_the_float64_softmax(any_level, head_dim, window):
     assert np.abs(moved - reference).max() > 1e-2
 
 
+@every_level
 @pytest.mark.parametrize("window", (0, 50, 64))
 @pytest.mark.parametrize("threads", (1, 2))
 @pytest.mark.parametrize("head_dim", (40, 64, 128))  # the general kernel and both fixed sizes
-def test_a_row_with_sinks_has_its_bits_alone_in_any_pass(any_level, window, threads, head_dim,
+def test_a_row_with_sinks_has_its_bits_alone_in_any_pass(level, window, threads, head_dim,
                                                          restore_threads):
     cpu.set_num_threads(threads)
     q_all, keys, values, sinks = problem(2, 256, head_dim, 70)
@@ -112,7 +107,8 @@ def test_a_chunked_prefill_with_sinks_equals_one_pass():
 PARENTS = [-1, 0, 0, 1, 2, 3, 4, 1]  # two branches and a sibling; base 60 crosses the tile at 64
 
 
-def test_tree_rows_with_sinks_equal_serial_steps_over_their_paths(any_level):
+@every_level
+def test_tree_rows_with_sinks_equal_serial_steps_over_their_paths(level):
     """Row r of a token tree at base 60 (its slot 60 + r, position 60 + its depth) against
     one row over a buffer that holds its path's keys at the positions they stand for."""
     base = 60

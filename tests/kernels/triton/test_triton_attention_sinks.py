@@ -13,9 +13,10 @@ import torch  # noqa: E402
 
 from exactdraft.kernels.triton.attention import AttentionConfig, attention  # noqa: E402
 from exactdraft.kernels.triton.launch import KernelError  # noqa: E402
+from tests.kernels.test_cpu_attention_sinks import (  # noqa: E402
+    sink_reference as float64_softmax,
+)
 from tests.kernels.triton.test_triton_attention import (  # noqa: E402
-    HEADS,
-    KV_HEADS,
     SCALE,
     SMALL,
     make_cache,
@@ -26,17 +27,8 @@ SINKS = torch.tensor([-3.0, 0.0, 1.5, 4.0, -0.5, 9.0])
 
 
 def sink_reference(q, keys, values, positions, window):
-    group = HEADS // KV_HEADS
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    for row, position in enumerate(positions.tolist()):
-        first = max(0, position - window + 1) if window else 0
-        for head in range(HEADS):
-            k = keys[head // group, first:position + 1].double()
-            v = values[head // group, first:position + 1].double()
-            logits = torch.cat([k @ q[row, head].double() * SCALE, SINKS[head:head + 1].double()])
-            weights = torch.softmax(logits, dim=0)
-            out[row, head] = weights[:-1] @ v
-    return out
+    return torch.from_numpy(float64_softmax(q.numpy(), keys.numpy(), values.numpy(),
+                                            positions.numpy(), window, SCALE, SINKS.numpy()))
 
 
 def run(q, keys, values, positions, window=0, config=SMALL, sinks=SINKS):

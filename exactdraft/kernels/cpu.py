@@ -5,7 +5,8 @@ rows in the call, the row's place among them, the other rows' contents and the t
 The accumulation order over K of a matmul element depends only on K and the weight format (with
 the "dot" layout, each activation row is quantized to int8 blocks on its own and the block sums
 are exact integers, so its bits do not even depend on the SIMD level); attention reduces keys
-in tiles aligned to absolute positions and reads nothing past the row's own position;
+in tiles aligned to absolute positions and reads nothing past the row's own position (a
+head's sink logit, where given, starts the row's online softmax before its first tile);
 elementwise math runs every element through the same vector code. The SIMD level (amx,
 avx512vnni, avx512, avx2, neon or scalar) is chosen once per process; levels may differ from each
 other in the last bits, so one process keeps one level unless `set_simd_level` changes it. The

@@ -12,9 +12,8 @@ the model path of device "gpu" can be exercised where no Metal device exists.
 
 Attention on MLX's own ops reduces keys in fixed blocks aligned to absolute positions, exactly
 as the torch backend does; the attention shader uses 64-key chunks aligned the same way. Either
-way keys past a row's own position never change its bits. Sinks (backends/sinks.py) run on
-MLX's own ops, as in the torch backend; the attention shader has none, so a backend with
-shaders declares attention_sinks False and a model with sinks refuses it.
+way keys past a row's own position never change its bits. Sinks (backends/sinks.py) start
+each row's softmax on both paths, before its keys.
 """
 
 from __future__ import annotations
@@ -249,19 +248,16 @@ class MLXBackend(WithoutFusedLayers, WithoutTreeAttention):
         buffer[:, start:start + rows.shape[0]] = rows.transpose(1, 0, 2)
         return buffer
 
-    @property
-    def attention_sinks(self) -> bool:
-        return self.shaders is None
+    attention_sinks = True
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
                   window: int, scale: float, sinks: np.ndarray | None = None) -> Any:
         mx = _mx()
-        if sinks is not None and self.shaders is not None:
-            raise BackendError(f"{self!r}: the attention shader takes no sinks "
-                               "(attention_sinks is False)")
+        if sinks is not None:
+            sinks = sink_logits(sinks, q.shape[1])
         if self.shaders is not None:
             out = self.shaders.attention(q.astype(mx.float32), keys, values,
-                                         np.asarray(positions), int(window), scale)
+                                         np.asarray(positions), int(window), scale, sinks)
             return self._from_shader(out, q.dtype)
         rows, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[0]
@@ -289,8 +285,8 @@ class MLXBackend(WithoutFusedLayers, WithoutTreeAttention):
         total = mx.zeros((num_kv_heads, group * rows, 1))
         if sinks is not None:
             # [Hkv, group * rows, 1] in the rows' (group member, query row) order.
-            sink = np.repeat(sink_logits(sinks, num_heads).reshape(num_kv_heads, group, 1),
-                             rows, axis=2).reshape(num_kv_heads, group * rows, 1)
+            sink = np.repeat(sinks.reshape(num_kv_heads, group, 1), rows, axis=2).reshape(
+                num_kv_heads, group * rows, 1)
             top = mx.maximum(top, mx.array(sink))
             total = mx.exp(mx.array(sink) - top)
         weights = mx.exp(scores - top)

@@ -9,9 +9,9 @@ sum start from the sink), so neither the number of rows in the pass nor the cach
 changes a row's bits. Token trees keep them too: a tree row reads its ancestors' keys in the
 backend's tree attention and the sink joins its softmax as in a serial step over its path.
 
-A backend whose attention takes no sinks (attention_sinks is not True: MLX's Metal shaders, a
-registered backend that does not declare them) is refused when the model is built
-(require_attention_sinks), never run without them.
+A backend whose attention takes no sinks (attention_sinks is not True: a registered backend
+that does not declare them) is refused when the model is built (require_attention_sinks),
+never run without them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ equal to serial output at temperature 0.8, each with a negative control whose si
 backend's attention on the host as the reference does it, for the whole pass in float32 (the
 same function, other bits); token-tree rows equal serial steps over their paths (the same
 control, with the sink summed over the tree's slots); an imported KV prefix continues with one
-pass's bits; OpenAI's MXFP4 experts; the padded torch backend; the sink across several key
-blocks against the softmax; a backend without sinks refused."""
+pass's bits; OpenAI's MXFP4 experts; the padded torch and the mlx backends (its ops and its
+shaders); the sink across several key blocks against the softmax; a backend without sinks
+refused."""
 
 from __future__ import annotations
 
@@ -383,6 +384,21 @@ def test_the_padded_torch_backend_keeps_the_sinks_and_the_bits(folder):
     assert type(padded.backend).__name__ == "TorchBackend"
     assert relative_error(padded, folder) < 2e-5
     assert verify_and_chunk_mismatches(padded) == []
+
+
+@pytest.mark.parametrize("shaders", [None, "emulator"])
+def test_the_mlx_backend_keeps_the_sinks_and_the_bits(folder, shaders):
+    """MLX's own ops and its attention shader (on the emulator) take the sinks in their
+    attention: the model matches transformers and keeps rows invariant on both."""
+    pytest.importorskip("mlx.core", reason="mlx is not installed (Linux: pip install 'mlx[cpu]')")
+    if shaders and shutil.which("c++") is None:
+        pytest.skip("the shader emulator needs a C++ compiler (c++)")
+    from exactdraft.backends.mlx_backend import MLXBackend
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    target = build_target(load_checkpoint(folder), MLXBackend(shaders=shaders))
+    assert relative_error(target, folder) < 2e-5
+    assert verify_and_chunk_mismatches(target) == []
 
 
 @pytest.mark.parametrize("window", [0, 300])

@@ -1,7 +1,8 @@
 // Causal grouped-query attention body with an optional sliding window, fp32 online softmax.
 // Inputs: q [M, Hq, D] float; keys, values [Hkv, capacity, D] T; positions [M] int32_t (the
 // absolute position of each query row); window [1] int32_t (0: no window); scale [1] float;
-// sinks [Hq] float (each head's sink logit, -INFINITY for none). Output: out [M, Hq, D] float. Template: T (float, float16_t, bfloat16_t), D (head dim).
+// sinks [Hq] float (each head's sink logit, -INFINITY for none). Output: out [M, Hq, D] float.
+// Template: T (float, float16_t, bfloat16_t), D (head dim).
 // Launch: grid (Hq * 64, M, 1), threadgroup (64, 1, 1): one (row, head) per threadgroup.
 // A query at position p sees keys j <= p, and p - j < window when window > 0.
 //

@@ -1,17 +1,23 @@
-"""Attention sinks in every backend (the padded torch ops, the C kernels, MLX's own ops and its
-attention shader on the emulator): within float32 rounding of the float64 softmax over
-[scores, sink] across several key blocks (control: the sink dropped misses it), and each row
-with the bits it gets alone, for every row count 1..9 and 40 (control: the rows of the whole
-pass sharing one stabiliser differ). A backend that does not declare sinks is refused with a
-BackendError, as are sinks of another shape or not finite."""
+"""Attention sinks in every backend (the padded torch ops, the C kernels, the Triton kernels under
+the interpreter, MLX's own ops and its attention shader on the emulator): within float32
+rounding of the float64 softmax over [scores, sink] across several key blocks (control: the sink
+dropped misses it), and each row with the bits it gets alone, for every row count 1..9 and 40
+(control: the rows of the whole pass sharing one stabiliser differ). A backend that does not
+declare sinks is refused with a BackendError, as are sinks of another shape or not finite."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
+
+# Triton reads this once, when it is first imported; CPU tensors need the interpreter.
+if "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from exactdraft.backends.sinks import require_attention_sinks, sink_logits
 from exactdraft.errors import BackendError
@@ -20,6 +26,7 @@ from tests.kernels.test_cpu_attention_sinks import sink_reference
 HEADS, KV_HEADS, DIM, CAPACITY = 6, 2, 16, 768
 SINKS = np.array([-3.0, 0.0, 1.5, 4.0, -0.5, 9.0], np.float32)
 HAS_MLX = importlib.util.find_spec("mlx") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def make_backend(name: str):
@@ -35,6 +42,12 @@ def make_backend(name: str):
         from exactdraft.backends.torch_cpu import TorchCPUBackend
 
         return TorchCPUBackend()
+    if name == "triton":
+        if not HAS_TRITON:
+            pytest.skip("needs the triton package")
+        from exactdraft.backends.torch_cuda import TorchCudaBackend
+
+        return TorchCudaBackend(device="cpu", dtype="float32", dot="rowwise")
     if not HAS_MLX:
         pytest.skip("mlx is not installed (Linux: pip install 'mlx[cpu]')")
     from exactdraft.backends.mlx_backend import MLXBackend
@@ -46,7 +59,7 @@ def make_backend(name: str):
     return MLXBackend()
 
 
-BACKENDS = ("torch-padded", "torch-c", "mlx", "mlx-shaders")
+BACKENDS = ("torch-padded", "torch-c", "triton", "mlx", "mlx-shaders")
 
 
 def problem(seed: int, rows: int):

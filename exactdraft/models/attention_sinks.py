@@ -8,6 +8,7 @@ row's softmax at one fixed place of its canonical order, before the keys (the ru
 sum start from the sink), so neither the number of rows in the pass nor the cache length
 changes a row's bits. Token trees keep them too: a tree row reads its ancestors' keys in the
 backend's tree attention and the sink joins its softmax as in a serial step over its path.
+The sinks cost the attention no measurable time (benchmarks/sink_attention.py).
 
 A backend whose attention takes no sinks (attention_sinks is not True: a registered backend
 that does not declare them) is refused when the model is built (require_attention_sinks),

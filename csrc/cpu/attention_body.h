@@ -11,6 +11,11 @@
  * block take turns on each key tile, so that its keys and values are read from memory once for
  * the block: that changes which head's or row's operation comes next, never the operations of
  * any (row, head).
+ *
+ * Sinks (attention_problem.sinks): a head's sink joins the row's softmax as one more logit
+ * with no value, at a fixed place of the order: the running max and sum start from it (max =
+ * sink, sum = 1) instead of (-inf, 0), so the first tile rescales it as it rescales any earlier
+ * tile, and the rest of the order is the one without sinks.
  */
 
 #define MAX_HEAD_VECTORS (MAX_HEAD_DIM / VW + 1)
@@ -152,6 +157,32 @@ static ALWAYS_INLINE void attention_tile(const struct attention_problem *p, ptrd
         for (ptrdiff_t v = 0; v < all; v++) acc_state[h * all + v] = acc[h][v];
 }
 
+#if defined(EXACTDRAFT_SINK_AFTER_KEYS)
+/* Only for the tests' negative control: the sink merged once after the last key tile, the
+ * same function with another order (the softmax then starts from (-inf, 0)). */
+#define SINK_FIRST(p) 0
+static void sinks_after_keys(const struct attention_problem *p, const ptrdiff_t rows,
+                             const ptrdiff_t head0, const int count, const ptrdiff_t all,
+                             vf *acc_state, float running_max[][MAX_SIDE_BY_SIDE],
+                             float running_sum[][MAX_SIDE_BY_SIDE])
+{
+    for (ptrdiff_t r = 0; r < rows; r++)
+        for (int h = 0; h < count; h++) {
+            const float sink = p->sinks[head0 + h];
+            const float new_max = sink > running_max[r][h] ? sink : running_max[r][h];
+            float terms[2][VW];
+            vf_store(terms[0], vector_exp(vf_set1(running_max[r][h] - new_max)));
+            vf_store(terms[1], vector_exp(vf_set1(sink - new_max)));
+            running_sum[r][h] = running_sum[r][h] * terms[0][0] + terms[1][0];
+            running_max[r][h] = new_max;
+            vf *acc = acc_state + (r * count + h) * all;
+            for (ptrdiff_t v = 0; v < all; v++) acc[v] = vf_mul(acc[v], vf_set1(terms[0][0]));
+        }
+}
+#else
+#define SINK_FIRST(p) ((p)->sinks != NULL)
+#endif
+
 /* Query heads head0 .. head0 + count - 1 of rows row0 .. row0 + rows - 1 (rows <=
  * ATTENTION_ROW_BLOCK): tile by tile, each row that sees a tile takes its turn on it, so a
  * tile's keys and values are read from memory once for the block. */
@@ -176,8 +207,8 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
             first[r] = position[r] - p->window + 1;
         for (ptrdiff_t v = 0; v < count * all; v++) acc_state[r * count * all + v] = vf_zero();
         for (int h = 0; h < count; h++) {
-            running_max[r][h] = -INFINITY;
-            running_sum[r][h] = 0.0f;
+            running_max[r][h] = SINK_FIRST(p) ? p->sinks[head0 + h] : -INFINITY;
+            running_sum[r][h] = SINK_FIRST(p) ? 1.0f : 0.0f;
         }
         const ptrdiff_t first_tile = first[r] / KEY_TILE * KEY_TILE;
         if (first_tile < tiles_from) tiles_from = first_tile;
@@ -198,6 +229,9 @@ static ALWAYS_INLINE void attention_heads(const struct attention_problem *p, ptr
                 attention_tile(p, row0 + r, head0, count, vectors, tail, start, lo, hi, keys,
                                values, acc, running_max[r], running_sum[r], 0);
         }
+#if defined(EXACTDRAFT_SINK_AFTER_KEYS)
+    if (p->sinks) sinks_after_keys(p, rows, head0, count, all, acc_state, running_max, running_sum);
+#endif
     for (ptrdiff_t r = 0; r < rows; r++)
         for (int h = 0; h < count; h++) {
             const vf *acc = acc_state + (r * count + h) * all;

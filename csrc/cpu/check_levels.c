@@ -149,8 +149,11 @@ static void check_dot(const struct kernel_table *level, int format, ptrdiff_t ro
     free(weight), free(x), free(values[0]), free(values[1]), free(out[0]), free(out[1]);
 }
 
+/* Sink logits of the HEADS = 6 query heads below: inside the scores' range and past it. */
+static const float SINKS[6] = {-3.5f, 0.0f, 1.25f, 4.0f, -0.75f, 9.0f};
+
 static void check_attention(const struct kernel_table *level, ptrdiff_t head_dim,
-                            ptrdiff_t window)
+                            ptrdiff_t window, const float *sinks)
 {
     enum { ROWS = 5, HEADS = 6, KV_HEADS = 2, CAPACITY = 320 };
     const int64_t positions[ROWS] = {0, 17, 64, 150, 319};
@@ -162,18 +165,20 @@ static void check_attention(const struct kernel_table *level, ptrdiff_t head_dim
     for (int l = 0; l < 2; l++) {
         out[l] = malloc(q_count * sizeof(float));
         struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
-                                      CAPACITY, head_dim, window, 0.125f};
+                                      CAPACITY, head_dim, window, 0.125f, NULL, 0, sinks};
         levels[l]->attention_groups(&p, ROWS, 0, ROWS * KV_HEADS);
     }
     char what[96];
-    snprintf(what, sizeof what, "attention head_dim %zd window %zd", head_dim, window);
+    snprintf(what, sizeof what, "attention head_dim %zd window %zd%s", head_dim, window,
+             sinks ? " sinks" : "");
     report(what, level, same_floats(out[0], out[1], q_count));
     free(q), free(keys), free(values), free(out[0]), free(out[1]);
 }
 
 /* A token tree of 5 rows at base 254 (parents -1, 0, 0, 1, 2), so rows cross the key tile at
  * 256 and read ancestors' keys from slots other than their positions. */
-static void check_tree_attention(const struct kernel_table *level, ptrdiff_t head_dim)
+static void check_tree_attention(const struct kernel_table *level, ptrdiff_t head_dim,
+                                 const float *sinks)
 {
     enum { ROWS = 5, HEADS = 6, KV_HEADS = 2, CAPACITY = 320, BASE = 254 };
     const int64_t positions[ROWS] = {BASE, BASE + 1, BASE + 1, BASE + 2, BASE + 2};
@@ -187,11 +192,12 @@ static void check_tree_attention(const struct kernel_table *level, ptrdiff_t hea
     for (int l = 0; l < 2; l++) {
         out[l] = malloc(q_count * sizeof(float));
         struct attention_problem p = {q, keys, values, positions, out[l], ROWS, HEADS, KV_HEADS,
-                                      CAPACITY, head_dim, 0, 0.125f, paths, BASE};
+                                      CAPACITY, head_dim, 0, 0.125f, paths, BASE, sinks};
         levels[l]->attention_groups(&p, ROWS, 0, ROWS * KV_HEADS);
     }
     char what[96];
-    snprintf(what, sizeof what, "tree attention head_dim %zd", head_dim);
+    snprintf(what, sizeof what, "tree attention head_dim %zd%s", head_dim,
+             sinks ? " sinks" : "");
     report(what, level, same_floats(out[0], out[1], q_count));
     free(q), free(keys), free(values), free(out[0]), free(out[1]);
 }
@@ -314,9 +320,12 @@ static void check_level(const struct kernel_table *level)
     }
     const ptrdiff_t head_dims[4] = {40, 64, 128, 256};
     for (int d = 0; d < 4; d++) {
-        check_attention(level, head_dims[d], 0);
-        check_attention(level, head_dims[d], 17);
-        check_tree_attention(level, head_dims[d]);
+        check_attention(level, head_dims[d], 0, NULL);
+        check_attention(level, head_dims[d], 17, NULL);
+        check_tree_attention(level, head_dims[d], NULL);
+        check_attention(level, head_dims[d], 0, SINKS);
+        check_attention(level, head_dims[d], 17, SINKS);
+        check_tree_attention(level, head_dims[d], SINKS);
     }
     check_rows(level, 7);
     check_rows(level, 100);

@@ -107,6 +107,10 @@ struct attention_problem {
      * depth d; keys before tree_base are in their own slots. [M, M] */
     const int32_t *tree_paths;
     ptrdiff_t tree_base;
+    /* A sink logit per query head ([Hq], gpt-oss), or NULL: one more logit in each row's
+     * softmax denominator, with no value. The online softmax starts from it (running max =
+     * sink, running sum = exp(sink - sink) = 1) before the first key tile. */
+    const float *sinks;
 };
 
 struct rows_problem {

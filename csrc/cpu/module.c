@@ -78,15 +78,18 @@ static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 /* attention(q, rows, heads, head_dim, keys, values, kv_heads, capacity, positions, window,
- *           scale, out, tree_paths, tree_base): tree_paths 0 for a chain, else int32 [rows,
- *           rows] with row r at position tree_base + its depth (attention_problem). */
+ *           scale, out, tree_paths, tree_base[, sinks]): tree_paths 0 for a chain, else
+ *           int32 [rows, rows] with row r at position tree_base + its depth; sinks 0 or
+ *           float32 [heads] (attention_problem), optional so that callers written for builds
+ *           without sinks (benchmarks/attention_ab.py) call any build. */
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     struct attention_problem p;
-    void *q, *keys, *values, *positions, *out, *tree_paths;
+    void *q, *keys, *values, *positions, *out, *tree_paths, *sinks = NULL;
     Py_ssize_t rows, heads, head_dim, kv_heads, capacity, window, tree_base;
-    if (expect_arguments(nargs, 14, "attention") || take_pointer(args[0], "q", 0, &q) ||
+    if (expect_arguments(nargs, nargs == 14 ? 14 : 15, "attention") ||
+        take_pointer(args[0], "q", 0, &q) ||
         take_size(args[1], "rows", 1, &rows) || take_size(args[2], "heads", 1, &heads) ||
         take_size(args[3], "head_dim", 1, &head_dim) ||
         take_pointer(args[4], "keys", 0, &keys) || take_pointer(args[5], "values", 0, &values) ||
@@ -96,7 +99,8 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
         take_size(args[9], "window", 0, &window) || take_float(args[10], &p.scale) ||
         take_pointer(args[11], "out", 0, &out) ||
         take_pointer(args[12], "tree_paths", 1, &tree_paths) ||
-        take_size(args[13], "tree_base", 0, &tree_base))
+        take_size(args[13], "tree_base", 0, &tree_base) ||
+        (nargs == 15 && take_pointer(args[14], "sinks", 1, &sinks)))
         return NULL;
     if (heads % kv_heads) {
         PyErr_Format(PyExc_ValueError, "heads (%zd) must be a multiple of kv_heads (%zd)", heads,
@@ -135,6 +139,7 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     p.tree_paths = tree_paths;
     p.tree_base = tree_base;
+    p.sinks = sinks;
     p.q = q;
     p.keys = keys;
     p.values = values;

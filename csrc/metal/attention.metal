@@ -1,7 +1,8 @@
 // Causal grouped-query attention body with an optional sliding window, fp32 online softmax.
 // Inputs: q [M, Hq, D] float; keys, values [Hkv, capacity, D] T; positions [M] int32_t (the
-// absolute position of each query row); window [1] int32_t (0: no window); scale [1] float.
-// Output: out [M, Hq, D] float. Template: T (float, float16_t, bfloat16_t), D (head dim).
+// absolute position of each query row); window [1] int32_t (0: no window); scale [1] float;
+// sinks [Hq] float (each head's sink logit, -INFINITY for none). Output: out [M, Hq, D] float.
+// Template: T (float, float16_t, bfloat16_t), D (head dim).
 // Launch: grid (Hq * 64, M, 1), threadgroup (64, 1, 1): one (row, head) per threadgroup.
 // A query at position p sees keys j <= p, and p - j < window when window > 0.
 //
@@ -11,6 +12,9 @@
 // order, each output dimension adds probability * value in key order, and the chunk is merged
 // into the running (max, sum, accumulator) state. Which keys and chunks a row visits depends on
 // its own position and the window alone: never on M, the capacity, or the other rows.
+// A head's sink (gpt-oss: one more logit in the softmax denominator, with no value) is merged
+// first: the running max and sum start from it (max = sink, sum = 1) before the first chunk,
+// as in every backend; with no sink they start from (-INFINITY, 0).
 const int CHUNK = 64;
 const int SLOTS = (D + CHUNK - 1) / CHUNK;
 threadgroup float query[D];
@@ -34,8 +38,9 @@ const int cache_base = kv_head * capacity * D;
 for (int d = t; d < D; d += CHUNK) query[d] = q[query_base + d] * scale[0];
 metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
-float running_max = -INFINITY;
-float running_sum = 0.0f;
+const float sink = sinks[head];
+float running_max = sink;
+float running_sum = sink == -INFINITY ? 0.0f : 1.0f;
 float acc[SLOTS];
 for (int s = 0; s < SLOTS; ++s) acc[s] = 0.0f;
 

@@ -156,11 +156,15 @@ class Backend(Protocol):
         window > 0). Returns [M, Hq, D]. Backends with tree_attention also take
         `tree_paths` [M, M] int32: the rows are a token tree whose root (row 0) sits at
         positions[0], and row r sees the key of position positions[0] + d in the slot of row
-        tree_paths[r, d] (SequenceRows)."""
+        tree_paths[r, d] (SequenceRows). Backends with attention_sinks also take `sinks`, a
+        float32 numpy array [Hq] of logits that join each row's softmax denominator with no
+        value, folded in before the keys (backends/sinks.py)."""
 
     # Whether `attention` takes tree_paths and `kv_move` exists: token trees verified in one
     # pass, each row with the bits of a serial step over its own path.
     tree_attention: bool
+    # `attention_sinks` (optional, absent means False): whether `attention` takes sinks
+    # (gpt-oss); a model with sinks refuses a backend without (backends/sinks.py).
 
     def kv_move(self, buffer: Array, sources: np.ndarray, destinations: np.ndarray) -> Array:
         """Copy positions `sources` of a key or value buffer to `destinations` (tree_attention

@@ -12,7 +12,8 @@ the model path of device "gpu" can be exercised where no Metal device exists.
 
 Attention on MLX's own ops reduces keys in fixed blocks aligned to absolute positions, exactly
 as the torch backend does; the attention shader uses 64-key chunks aligned the same way. Either
-way keys past a row's own position never change its bits.
+way keys past a row's own position never change its bits. Sinks (backends/sinks.py) start
+each row's softmax on both paths, before its keys.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from exactdraft.backends.base import (
     WithoutTreeAttention,
     dense_matrix,
 )
+from exactdraft.backends.sinks import sink_logits
 from exactdraft.formats.table import AffineQuantizedTensor, QuantizedTensor, affine_from_blocks
 
 if TYPE_CHECKING:
@@ -246,12 +248,16 @@ class MLXBackend(WithoutFusedLayers, WithoutTreeAttention):
         buffer[:, start:start + rows.shape[0]] = rows.transpose(1, 0, 2)
         return buffer
 
+    attention_sinks = True
+
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
-                  window: int, scale: float) -> Any:
+                  window: int, scale: float, sinks: np.ndarray | None = None) -> Any:
         mx = _mx()
+        if sinks is not None:
+            sinks = sink_logits(sinks, q.shape[1])
         if self.shaders is not None:
             out = self.shaders.attention(q.astype(mx.float32), keys, values,
-                                         np.asarray(positions), int(window), scale)
+                                         np.asarray(positions), int(window), scale, sinks)
             return self._from_shader(out, q.dtype)
         rows, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[0]
@@ -275,9 +281,16 @@ class MLXBackend(WithoutFusedLayers, WithoutTreeAttention):
             visible &= query_positions - key_positions < window
         visible = mx.array(np.tile(visible, (group, 1)))
         scores = mx.where(visible, scores, -mx.inf)
-        weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
-        value_span = values[:, first:end].astype(mx.float32)
+        top = mx.max(scores, axis=-1, keepdims=True)
         total = mx.zeros((num_kv_heads, group * rows, 1))
+        if sinks is not None:
+            # [Hkv, group * rows, 1] in the rows' (group member, query row) order.
+            sink = np.repeat(sinks.reshape(num_kv_heads, group, 1), rows, axis=2).reshape(
+                num_kv_heads, group * rows, 1)
+            top = mx.maximum(top, mx.array(sink))
+            total = mx.exp(mx.array(sink) - top)
+        weights = mx.exp(scores - top)
+        value_span = values[:, first:end].astype(mx.float32)
         out = mx.zeros((num_kv_heads, group * rows, head_dim))
         for start in range(0, end - first, block):
             part = weights[:, :, start:start + block]

@@ -15,6 +15,8 @@ load-time guard and the per-op tests re-check on every machine rather than trust
 Attention scores all keys with one padded matmul, subtracts the row's exact maximum, and then
 adds fixed blocks of `key_block` keys, aligned to absolute positions, in block order; a row's
 masked keys contribute exact zeros, so keys beyond its own position never change its bits.
+With sinks (backends/sinks.py) the maximum includes the head's sink and the sum of weights
+starts from exp(sink - max), before the first block.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from exactdraft.backends.base import (
     WithoutTreeAttention,
     dense_matrix,
 )
+from exactdraft.backends.sinks import sink_logits
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 ROW_MULTIPLE = 4
@@ -149,8 +152,10 @@ class TorchBackend(WithoutFusedLayers, WithoutTreeAttention):
         buffer[:, start:start + rows.shape[0]] = rows.transpose(0, 1)
         return buffer
 
+    attention_sinks = True
+
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
-                  window: int, scale: float) -> Any:
+                  window: int, scale: float, sinks: np.ndarray | None = None) -> Any:
         torch = _torch()
         rows, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[0]
@@ -175,9 +180,17 @@ class TorchBackend(WithoutFusedLayers, WithoutTreeAttention):
             visible &= query_positions - key_positions[None, :] < window
         visible = visible.repeat(group, 1)
         scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        top = scores.amax(-1, keepdim=True)
+        total = top.new_zeros(num_kv_heads, group * rows, 1)
+        if sinks is not None:
+            # [Hkv, group * rows, 1] in the rows' (group member, query row) order.
+            sink = torch.tensor(sink_logits(sinks, num_heads), device=top.device)
+            sink = sink.reshape(num_kv_heads, group, 1, 1).expand(
+                num_kv_heads, group, rows, 1).reshape(num_kv_heads, group * rows, 1)
+            top = torch.maximum(top, sink)
+            total = torch.exp(sink - top)
+        weights = torch.exp(scores - top)
         value_span = values[:, first:end].float()
-        total = weights.new_zeros(num_kv_heads, group * rows, 1)
         out = weights.new_zeros(num_kv_heads, group * rows, head_dim)
         for start in range(0, end - first, block):
             part = weights[:, :, start:start + block]

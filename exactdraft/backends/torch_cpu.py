@@ -38,6 +38,7 @@ from exactdraft.backends.base import (
     SequenceRows,
     dense_matrix,
 )
+from exactdraft.backends.sinks import sink_logits
 from exactdraft.backends.torch_backend import TorchBackend
 from exactdraft.formats.table import QuantizedTensor, StackedWeight
 from exactdraft.kernels import cpu
@@ -187,9 +188,11 @@ class TorchCPUBackend(TorchBackend):
         return self._torch.from_numpy(buffer)
 
     tree_attention = True
+    attention_sinks = True
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
-                  window: int, scale: float, tree_paths: np.ndarray | None = None) -> Any:
+                  window: int, scale: float, tree_paths: np.ndarray | None = None,
+                  sinks: np.ndarray | None = None) -> Any:
         kv_heads, capacity, head_dim = keys.shape
         last = int(positions.max())
         if last >= capacity:
@@ -200,10 +203,12 @@ class TorchCPUBackend(TorchBackend):
         out = self._empty(rows, heads, head_dim)
         if tree_paths is not None:
             tree_paths = np.ascontiguousarray(tree_paths, dtype=np.int32)
+        if sinks is not None:
+            sinks = sink_logits(sinks, heads)
         self._native.attention(q.data_ptr(), rows, heads, head_dim, keys.data_ptr(),
                                values.data_ptr(), kv_heads, capacity, positions, window, scale,
                                out.data_ptr(), 0 if tree_paths is None else tree_paths,
-                               int(positions[0]))
+                               int(positions[0]), 0 if sinks is None else sinks)
         return out
 
     def kv_move(self, buffer: Any, sources: np.ndarray, destinations: np.ndarray) -> Any:

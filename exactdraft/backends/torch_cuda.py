@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from exactdraft.backends.base import BackendError, dense_matrix
+from exactdraft.backends.sinks import sink_logits
 from exactdraft.backends.torch_backend import TorchBackend
 
 
@@ -99,6 +100,8 @@ class TorchCudaBackend(TorchBackend):
         return self._norm.rms_norm(x, weight, eps)
 
     def attention(self, q: Any, keys: Any, values: Any, positions: np.ndarray,
-                  window: int, scale: float) -> Any:
+                  window: int, scale: float, sinks: np.ndarray | None = None) -> Any:
+        if sinks is not None:
+            sinks = sink_logits(sinks, q.shape[1])
         return self._attention.attention(q, keys, values, np.asarray(positions, dtype=np.int64),
-                                         scale, int(window), dot=self.dot)
+                                         scale, int(window), dot=self.dot, sinks=sinks)

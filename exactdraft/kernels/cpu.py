@@ -5,7 +5,8 @@ rows in the call, the row's place among them, the other rows' contents and the t
 The accumulation order over K of a matmul element depends only on K and the weight format (with
 the "dot" layout, each activation row is quantized to int8 blocks on its own and the block sums
 are exact integers, so its bits do not even depend on the SIMD level); attention reduces keys
-in tiles aligned to absolute positions and reads nothing past the row's own position;
+in tiles aligned to absolute positions and reads nothing past the row's own position (a
+head's sink logit, where given, starts the row's online softmax before its first tile);
 elementwise math runs every element through the same vector code. The SIMD level (amx,
 avx512vnni, avx512, avx2, neon or scalar) is chosen once per process; levels may differ from each
 other in the last bits, so one process keeps one level unless `set_simd_level` changes it. The
@@ -193,13 +194,15 @@ def quantize_rows(x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 
 def attention(q: Any, keys: Any, values: Any, positions: Any, window: int, scale: float,
-              out: Any = None, tree_paths: Any = None) -> Any:
+              out: Any = None, tree_paths: Any = None, sinks: Any = None) -> Any:
     """Causal grouped-query attention of q [M, Hq, D] at absolute `positions` [M] over key and
     value buffers [Hkv, capacity, D]: a query at p sees keys j <= p (and p - j < window when
     window > 0). Returns float32 [M, Hq, D]. With `tree_paths` (int32 [M, M]) the rows are a
     token tree: row 0 is its root at positions[0] = base, row r sits at base + its depth d_r,
     and for base + d (d <= d_r) it reads the key in slot base + tree_paths[r, d], the row of its
-    ancestor at depth d; keys before base are read from their own slots."""
+    ancestor at depth d; keys before base are read from their own slots. With `sinks` (float32
+    [Hq]) each head's sink logit joins every row's softmax denominator: the online softmax
+    starts from it (csrc/cpu/attention_body.h)."""
     kernels = _kernels()
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
         raise ValueError(f"window must be a non-negative integer, got {window!r}")
@@ -219,11 +222,16 @@ def attention(q: Any, keys: Any, values: Any, positions: Any, window: int, scale
         tree_paths = np.ascontiguousarray(tree_paths, dtype=np.int32)
         paths_address = address_of(tree_paths, "tree_paths", "int32", (rows, rows))
         base = int(positions[0]) if rows else 0
+    sinks_address = 0
+    if sinks is not None:
+        sinks_address = address_of(sinks, "sinks", "float32", (heads,))
+        if not np.isfinite(np.asarray(sinks)).all():
+            raise ValueError("sinks must be finite")
     out, out_address = output_for(out, q, (rows, heads, head_dim), (q, keys, values))
     if rows:
         kernels.attention(q_address, rows, heads, head_dim, keys_address, values_address,
                           kv_heads, capacity, positions_address, int(window), float(scale),
-                          out_address, paths_address, base)
+                          out_address, paths_address, base, sinks_address)
     return out
 
 

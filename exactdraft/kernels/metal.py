@@ -164,10 +164,12 @@ class MetalShaders:
         return self._run("softmax", [x], [], (256, m, 1), 256, (m, n))
 
     def attention(self, q: Any, keys: Any, values: Any, positions: Any, window: int,
-                  scale: float) -> Any:
+                  scale: float, sinks: Any = None) -> Any:
         """Causal grouped-query attention of q [M, Hq, D] float32 at absolute `positions` [M]
         over key and value buffers [Hkv, capacity, D] (float32, bfloat16 or float16); a query at
-        p sees keys j <= p, and p - j < window when window > 0. Returns [M, Hq, D] float32."""
+        p sees keys j <= p, and p - j < window when window > 0. `sinks` (finite float32 [Hq],
+        or None) join each row's softmax denominator, merged before the keys. Returns [M, Hq,
+        D] float32."""
         m, query_heads, head_dim = _shape_of(q, 3, "q")
         _dtype_of(q, "q", ("float32",))
         kv_heads, capacity, key_dim = _shape_of(keys, 3, "keys")
@@ -183,8 +185,15 @@ class MetalShaders:
         _check(0 <= position_array.min() and position_array.max() < capacity,
                f"positions {position_array.tolist()} outside the cache capacity {capacity}")
         _check(int(window) >= 0, f"window must be >= 0 (0: none), got {window}")
+        if sinks is None:
+            sink_array = np.full(query_heads, -np.inf, np.float32)
+        else:
+            sink_array = np.asarray(sinks, np.float32).reshape(-1)
+            _check(sink_array.shape == (query_heads,) and bool(np.isfinite(sink_array).all()),
+                   f"sinks must be {query_heads} finite logits (one per query head), got "
+                   f"{np.asarray(sinks).tolist()}")
         inputs = [q, keys, values, position_array, np.array([int(window)], np.int32),
-                  np.array([scale], np.float32)]
+                  np.array([scale], np.float32), sink_array]
         template = [("T", cache_dtype), ("D", head_dim)]
         return self._run("attention", inputs, template, (query_heads * KEY_CHUNK, m, 1),
                          KEY_CHUNK, (m, query_heads, head_dim))

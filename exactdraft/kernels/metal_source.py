@@ -29,7 +29,7 @@ SHADER_IO = {
     "quantized_matmul": (("x", "w", "scales", "biases"), ("out",)),
     "rms_norm": (("x", "w", "eps"), ("out",)),
     "softmax": (("x",), ("out",)),
-    "attention": (("q", "keys", "values", "positions", "window", "scale"), ("out",)),
+    "attention": (("q", "keys", "values", "positions", "window", "scale", "sinks"), ("out",)),
 }
 
 

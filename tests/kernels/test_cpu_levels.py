@@ -133,6 +133,22 @@ def test_the_level_check_catches_a_reordered_tile_epilogue(x86_folder, tmp_path)
     assert not any(" dot q4_1 1 x" in line for line in different)
 
 
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_the_level_check_catches_a_sink_merged_after_the_keys(x86_folder, tmp_path):
+    """Negative control: the avx512 level with each head's sink merged once after the last key
+    tile instead of before the first (the same softmax in another order) is reported as
+    different, on its attention checks with sinks only."""
+    needs("gcc")
+    if not cpu.available() or "avx512" not in cpu.simd_levels():
+        pytest.skip("this CPU does not run the avx512 level")
+    result = failing_check(x86_folder, tmp_path, "EXACTDRAFT_SINK_AFTER_KEYS", "level_avx512")
+    different = [line for line in result.stdout.splitlines() if "DIFFERENT" in line]
+    assert different and all(line.split()[0] == "avx512" and line.split()[-2] == "sinks"
+                             for line in different)
+    assert any("tree attention" in line for line in different)
+    assert any("window 17 sinks" in line for line in different)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
 def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):

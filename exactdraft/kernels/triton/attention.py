@@ -18,7 +18,10 @@ a decode row at one position get the same bits. The argument:
 - the merge kernel, one program per row (all its heads, elementwise), combines exactly the
   chunks from the row's first visible key to its own position, in chunk order;
 - invisible keys enter p.v as 0 * v, a zero whose sign follows v; that sign can only surface
-  when a row's whole sum is zero, so the last step stores every zero as +0.0.
+  when a row's whole sum is zero, so the last step stores every zero as +0.0;
+- with sinks (one logit per query head, backends/sinks.py), the merge starts from the sink
+  (max = sink, sum = 1, accumulator 0) and merges every chunk into it, the first included:
+  the sink's place in the order is fixed, before the keys, as in the C kernels.
 The dot steps (q.k and p.v) are either tl.dot or a rowwise reduction (see launch.DOT_MODES);
 the block shape is fixed per head layout (group size, head dim) and dtype, never per call.
 """
@@ -135,9 +138,9 @@ def _chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, max_ptr, sum_ptr, acc_ptr,
 
 
 @triton.jit(do_not_specialize=["num_chunks", "window"])
-def _merge_kernel(pos_ptr, max_ptr, sum_ptr, acc_ptr, out_ptr, num_chunks, window,
+def _merge_kernel(pos_ptr, max_ptr, sum_ptr, acc_ptr, out_ptr, sink_ptr, num_chunks, window,
                   HEADS: tl.constexpr, HEADS_PADDED: tl.constexpr, D: tl.constexpr,
-                  D_PADDED: tl.constexpr, CHUNK: tl.constexpr):
+                  D_PADDED: tl.constexpr, CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
     # One program per query row, all its heads at once; every step is elementwise per head.
     query = tl.program_id(0)
     position = tl.load(pos_ptr + query)
@@ -148,11 +151,18 @@ def _merge_kernel(pos_ptr, max_ptr, sum_ptr, acc_ptr, out_ptr, num_chunks, windo
     head_mask = heads < HEADS
     mask = head_mask[:, None] & (dims < D)[None, :]
     rows = query.to(tl.int64) * HEADS + heads
-    slots = rows * num_chunks + first
-    total_max = tl.load(max_ptr + slots, mask=head_mask, other=0.0)
-    total_sum = tl.load(sum_ptr + slots, mask=head_mask, other=1.0)
-    acc = tl.load(acc_ptr + slots[:, None] * D + dims[None, :], mask=mask, other=0.0)
-    for chunk in range(first + 1, position // CHUNK + 1):
+    if HAS_SINKS:
+        total_max = tl.load(sink_ptr + heads, mask=head_mask, other=0.0)
+        total_sum = tl.full((HEADS_PADDED,), 1.0, tl.float32)
+        acc = tl.zeros((HEADS_PADDED, D_PADDED), dtype=tl.float32)
+        begin = first
+    else:
+        slots = rows * num_chunks + first
+        total_max = tl.load(max_ptr + slots, mask=head_mask, other=0.0)
+        total_sum = tl.load(sum_ptr + slots, mask=head_mask, other=1.0)
+        acc = tl.load(acc_ptr + slots[:, None] * D + dims[None, :], mask=mask, other=0.0)
+        begin = first + 1
+    for chunk in range(begin, position // CHUNK + 1):
         slots = rows * num_chunks + chunk
         chunk_max = tl.load(max_ptr + slots, mask=head_mask, other=0.0)
         new_max = tl.maximum(total_max, chunk_max)
@@ -171,13 +181,14 @@ def _merge_kernel(pos_ptr, max_ptr, sum_ptr, acc_ptr, out_ptr, num_chunks, windo
 
 def attention(q: Any, k_cache: Any, v_cache: Any, q_positions: Any, scale: float,
               window: int = 0, *, dot: str = "auto", rows_per_launch: int | None = None,
-              config: AttentionConfig | None = None) -> Any:
+              config: AttentionConfig | None = None, sinks: Any = None) -> Any:
     """Causal grouped-query attention of q [M, Hq, D] at absolute `q_positions` [M] over the
     caches [Hkv, capacity, D]; returns [M, Hq, D] in q's dtype.
 
     A query at p sees keys j <= p (and p - j < window if window > 0); the caller must have
     written keys 0..p. `rows_per_launch` caps the rows per launch (default: by scratch size);
     `config` overrides the head layout's configuration (tests use small chunks and tiles).
+    `sinks` (float32 [Hq], or None) are the heads' sink logits, merged before the keys.
     """
     import torch
 
@@ -209,6 +220,10 @@ def attention(q: Any, k_cache: Any, v_cache: Any, q_positions: Any, scale: float
         bad = low if low < 0 else high
         raise KernelError(f"query position {bad} is outside the cache of {capacity} positions")
     positions = host_positions.to(device=q.device, dtype=torch.int32)
+    if sinks is not None:
+        sinks = torch.as_tensor(sinks).to(device=q.device, dtype=torch.float32).contiguous()
+        if tuple(sinks.shape) != (heads,):
+            raise KernelError(f"sinks must have shape ({heads},), got {tuple(sinks.shape)}")
     config = config or attention_config(heads // kv_heads, head_dim, dtype, device_type)
     block_rows = config.block_m * config.group
     if config.group < heads // kv_heads or config.chunk % config.tile \
@@ -224,13 +239,13 @@ def attention(q: Any, k_cache: Any, v_cache: Any, q_positions: Any, scale: float
         end = min(rows, begin + rows_per_launch)
         _attend_rows(q[begin:end], k_cache, v_cache, aligned(positions[begin:end]),
                      out[begin:end], scale, window, num_chunks, config,
-                     rowwise_dot(dot, _chunk_kernel), dtype == "float32")
+                     rowwise_dot(dot, _chunk_kernel), dtype == "float32", sinks)
     return out
 
 
 def _attend_rows(q: Any, k_cache: Any, v_cache: Any, positions: Any, out: Any, scale: float,
                  window: int, num_chunks: int, config: AttentionConfig, rowwise: bool,
-                 ieee_fp32: bool) -> None:
+                 ieee_fp32: bool, sinks: Any = None) -> None:
     import torch
 
     rows, heads, head_dim = q.shape
@@ -250,9 +265,10 @@ def _attend_rows(q: Any, k_cache: Any, v_cache: Any, positions: Any, out: Any, s
     )
     merged = torch.empty_like(q) if out.data_ptr() % 16 else out
     _merge_kernel[(rows,)](
-        positions, maxima, sums, partials, merged, num_chunks, window,
-        HEADS=heads, HEADS_PADDED=next_power_of_2(heads), D=head_dim, D_PADDED=padded_dim,
-        CHUNK=config.chunk, num_warps=4, **PINNED_OPTIONS,
+        positions, maxima, sums, partials, merged, maxima if sinks is None else sinks,
+        num_chunks, window, HEADS=heads, HEADS_PADDED=next_power_of_2(heads), D=head_dim,
+        D_PADDED=padded_dim, CHUNK=config.chunk, HAS_SINKS=sinks is not None, num_warps=4,
+        **PINNED_OPTIONS,
     )
     if merged is not out:
         out.copy_(merged)

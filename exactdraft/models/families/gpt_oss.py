@@ -3,8 +3,9 @@ layers with sinks and mixture-of-experts feed-forwards).
 
 Invariant: a gpt-oss checkpoint reaches DecoderModel with the values it stores under Hugging
 Face's names and with the family's choices made explicit: attention with biases and a sink per
-query head (models/attention_sinks.py), sliding-window and full layers as `layer_types` says
-(alternating, sliding first, when it says nothing), YaRN rope with its attention factor on
+query head (models/attention_sinks.py; a backend whose attention takes no sinks is refused),
+sliding-window and full layers as `layer_types` says (alternating, sliding first, when it
+says nothing), YaRN rope with its attention factor on
 cos and sin (models/yarn.py), and experts with a biased router, top-k over the softmax of
 the chosen logits and a clamped SwiGLU with biases (models/clamped_experts.py). A state is its
 KV cache alone (prefixes export and import), and token trees verify in one pass.
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exactdraft.backends.sinks import require_attention_sinks
 from exactdraft.models.attention_sinks import SinkAttention
 from exactdraft.models.clamped_experts import BiasedRouterMoE, load_clamped_experts
 from exactdraft.models.config import ConfigReader
@@ -131,6 +133,7 @@ def _rope_from_hf(reader: ConfigReader) -> tuple[float, YarnScaling | None]:
 def build(config: GptOssConfig, tensors: Mapping[str, Any], backend: Any,
           max_context: int | None = None) -> DecoderModel:
     c, be = config, backend
+    require_attention_sinks(be, f"gpt-oss model {c.source}")
     reader = TensorReader(tensors, c.source)
     hidden = c.hidden_size
     rope = yarn_rope(c.head_dim, c.rope_theta, c.yarn)

@@ -1,11 +1,13 @@
 """The gpt-oss family on a tiny random checkpoint (odd KV head count, sliding and full layers,
 YaRN rope, clamped experts): logits against transformers, with controls that leave out each of
 the family's own parts; a verify window and chunked prefill bit for bit, and drafted output
-equal to serial output at temperature 0.8, each with a negative control whose sink scale is
-computed as the reference does it, for the whole pass in float32 (the same function, other
-bits); token-tree rows equal serial steps over their paths (control: the sink summed over the
-tree's slots); an imported KV prefix continues with one pass's bits; OpenAI's MXFP4 experts;
-the padded torch backend; the sink across several key blocks against the softmax."""
+equal to serial output at temperature 0.8, each with a negative control whose sinks scale the
+backend's attention on the host as the reference does it, for the whole pass in float32 (the
+same function, other bits); token-tree rows equal serial steps over their paths (the same
+control, with the sink summed over the tree's slots); an imported KV prefix continues with one
+pass's bits; OpenAI's MXFP4 experts; the padded torch and the mlx backends (its ops and its
+shaders); the sink across several key blocks against the softmax; a backend without sinks
+refused."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import shutil
 import numpy as np
 import pytest
 
-from exactdraft.errors import ConfigError, WeightError
+from exactdraft.errors import BackendError, ConfigError, WeightError
 from exactdraft.guard import probe_tokens
 from exactdraft.models import attention_sinks
 from exactdraft.models.families.gpt_oss import config_from_hf
@@ -155,12 +157,12 @@ def test_an_imported_prefix_continues_with_the_bits_of_one_pass(target):
     assert continued(changed) != whole[40:].tobytes()
 
 
-def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sinks,
-                      columns=None):
-    """The sink's scale as the reference computes it, for the rows of the whole pass at once
-    in float32 (one stabiliser per head): the same function, bits that follow the pass."""
+def plain_sink_scales(q, keys, positions, window, scale, sinks):
+    """The sink's scale Z / (Z + exp(sink - m)) as the reference computes it, for the rows
+    of the whole pass at once in float32 (one stabiliser per head) over the keys in their
+    slots: the same function, bits that follow the pass."""
     group = q.shape[1] // keys.shape[0]
-    key_positions = first_key + np.arange(keys.shape[1])
+    key_positions = np.arange(keys.shape[1])
     seen = key_positions[None, :] <= positions[:, None]
     if window > 0:
         seen &= positions[:, None] - key_positions[None, :] < window
@@ -171,9 +173,21 @@ def plain_sink_scales(backend, q, keys, first_key, positions, window, scale, sin
     return total / (total + np.exp(sinks - top)[None, :])
 
 
+def plain_sink_attention(self, q, keys, values, positions, window, scale, tree_paths=None):
+    """Negative control for attention_sinks._WithSinks.attention: the backend's attention
+    without sinks, scaled on the host by plain_sink_scales."""
+    be = self._backend
+    tree = {} if tree_paths is None else {"tree_paths": tree_paths}
+    attended = be.to_host(be.attention(q, keys, values, positions, window, scale, **tree))
+    last = int(positions.max()) if tree_paths is None else int(positions[0]) + len(positions) - 1
+    scales = plain_sink_scales(be.to_host(q), be.to_host(keys)[:, :last + 1], positions, window,
+                               scale, self._sinks)
+    return be.vector((attended * scales[..., None]).astype(np.float32))
+
+
 def test_negative_control_a_plain_sink_scale_breaks_the_bits(target, folder,
                                                                  monkeypatch):
-    monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
+    monkeypatch.setattr(attention_sinks._WithSinks, "attention", plain_sink_attention)
     assert relative_error(target, folder) < 2e-5  # still the same function
     assert verify_and_chunk_mismatches(target)
 
@@ -198,7 +212,7 @@ def test_drafted_equals_serial_at_temperature_0_8(target):
 
 
 def test_negative_control_drafted_differs_with_a_plain_sink_scale(target, monkeypatch):
-    monkeypatch.setattr(attention_sinks, "sink_scales", plain_sink_scales)
+    monkeypatch.setattr(attention_sinks._WithSinks, "attention", plain_sink_attention)
     drafted_runs(target, False).assert_caught(min_fraction=0.3)
 
 
@@ -231,13 +245,10 @@ def test_tree_rows_equal_serial_steps_over_their_paths(target):
 
 
 def test_negative_control_sinks_summed_by_slot_differ_off_the_first_path(target, monkeypatch):
-    """The sink's Z over the tree's slots in order (siblings and cousins included) instead of
-    the row's path: the rows of every branch off the first path get other bits."""
-    monkeypatch.setattr(attention_sinks, "tree_columns",
-                        lambda positions, paths, first, length: np.tile(
-                            np.arange(length), (positions.size, 1)))
-    mismatches = tree_mismatches(target)
-    assert "two-branches row 2" in mismatches and "chain row 4" not in mismatches
+    """The sink's scale over the tree's slots in order (siblings and cousins included) and
+    the whole pass instead of the row's path: tree rows get other bits."""
+    monkeypatch.setattr(attention_sinks._WithSinks, "attention", plain_sink_attention)
+    assert "two-branches row 2" in tree_mismatches(target)
 
 
 def base_config() -> dict:
@@ -365,15 +376,29 @@ def test_mxfp4_experts_need_whole_blocks(folder, tmp_path):
 
 
 def test_the_padded_torch_backend_keeps_the_sinks_and_the_bits(folder):
-    """The sinks scale the backend's attention on the host, so every backend has them: the
-    torch ops backend (the C kernels' reference) matches transformers and keeps rows
-    invariant too."""
+    """The torch ops backend (the C kernels' reference) takes the sinks in its attention
+    too: it matches transformers and keeps rows invariant."""
     from exactdraft.pretrained import build_target, load_checkpoint
 
     padded = build_target(load_checkpoint(folder), "torch-padded")
     assert type(padded.backend).__name__ == "TorchBackend"
     assert relative_error(padded, folder) < 2e-5
     assert verify_and_chunk_mismatches(padded) == []
+
+
+@pytest.mark.parametrize("shaders", [None, "emulator"])
+def test_the_mlx_backend_keeps_the_sinks_and_the_bits(folder, shaders):
+    """MLX's own ops and its attention shader (on the emulator) take the sinks in their
+    attention: the model matches transformers and keeps rows invariant on both."""
+    pytest.importorskip("mlx.core", reason="mlx is not installed (Linux: pip install 'mlx[cpu]')")
+    if shaders and shutil.which("c++") is None:
+        pytest.skip("the shader emulator needs a C++ compiler (c++)")
+    from exactdraft.backends.mlx_backend import MLXBackend
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    target = build_target(load_checkpoint(folder), MLXBackend(shaders=shaders))
+    assert relative_error(target, folder) < 2e-5
+    assert verify_and_chunk_mismatches(target) == []
 
 
 @pytest.mark.parametrize("window", [0, 300])
@@ -405,3 +430,16 @@ def test_sink_attention_across_key_blocks_matches_the_softmax_and_keeps_rows_alo
             weights = np.exp(logits - logits.max())
             reference = weights[:-1] @ v / weights.sum()
             assert np.abs(together[r, h] - reference).max() < 1e-5
+
+
+def test_a_backend_whose_attention_takes_no_sinks_is_refused(folder):
+    """A backend that does not declare attention_sinks (a registered one, MLX's shaders) is
+    refused when the model is built, naming the model and the backend."""
+    from exactdraft.backends.torch_backend import TorchBackend
+    from exactdraft.pretrained import build_target, load_checkpoint
+
+    class WithoutSinks(TorchBackend):
+        attention_sinks = False
+
+    with pytest.raises(BackendError, match="gpt-oss model .* has attention sinks"):
+        build_target(load_checkpoint(folder), WithoutSinks())

@@ -148,7 +148,8 @@ def main() -> int:
         raise SystemExit(f"no matrix of format {args.formats} in the model")
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
-          f"--rounds {args.rounds} --threads {args.threads}"
+          + (f"--model {args.model} " if args.model else "")
+          + f"--rounds {args.rounds} --threads {args.threads}"
           + (f" --formats {args.formats}" if args.formats else "")
           + (" --float32" if args.float32 else ""))
     print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "

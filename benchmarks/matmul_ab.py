@@ -58,13 +58,26 @@ def load_builds(other: Path, threads: int) -> dict:
 
 
 def model_matrices(model: str | None, float32: bool = False,
-                   formats: list[str] | None = None) -> list:
+                   formats: list[str] | None = None, native=None) -> list:
     """Every quantized matrix of the checkpoint (the tied embedding as the output matrix), in
-    model order, packed in the dot layout; with `float32`, those matrices dequantized and
+    model order, packed in the dot layout (by the build `native`, whose records may differ
+    from this checkout's; default this one); with `float32`, those matrices dequantized and
     packed for the float kernel (the path of keep_quantized=False); with `formats`, only the
     matrices stored in those formats."""
     from exactdraft import pretrained
-    from exactdraft.kernels.cpu_weights import FORMAT_ROWS, pack_matrix
+    from exactdraft.kernels.cpu_weights import (
+        FORMAT_ROWS,
+        PackedMatrix,
+        _dot_records,
+        pack_matrix,
+    )
+
+    def dot_layout(tensor):
+        if native is None:
+            return pack_matrix(tensor, layout="dot")
+        rows = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(tensor.shape[0], -1)
+        records = _dot_records(rows, tensor.format, tensor.shape[1], native)
+        return PackedMatrix(tensor.format, tensor.shape, records, "dot")
 
     checkpoint = pretrained.load_checkpoint(model, keep_quantized=True, with_tokenizer=False)
     packed = []
@@ -73,7 +86,7 @@ def model_matrices(model: str | None, float32: bool = False,
         if quantized in FORMAT_ROWS and FORMAT_ROWS[quantized].integer_dot and \
                 (formats is None or quantized in formats):
             packed.append((name, pack_matrix(tensor.dequantize()) if float32 else
-                           pack_matrix(tensor, layout="dot")))
+                           dot_layout(tensor)))
     return packed
 
 
@@ -94,14 +107,19 @@ def one_round(module, matrices, inputs, outputs) -> float:
 
 
 def same_bits(builds: dict, matrices, inputs) -> bool:
-    """Whether every matrix gives the same output bytes in every build."""
+    """Whether every matrix gives the same output bytes in every build (`matrices`: one list
+    for all builds, or each build's own packing of the same matrices by name)."""
     def product(module, w) -> bytes:
         x = inputs[w.shape[1]]
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         multiply(module, w, x, out)
         return out.tobytes()
 
-    return all(agree(builds, product, w) for _, w in matrices)
+    if not isinstance(matrices, dict):
+        return all(agree(builds, product, w) for _, w in matrices)
+    count = len(next(iter(matrices.values())))
+    return all(len({product(module, matrices[name][i][1]) for name, module in builds.items()})
+               == 1 for i in range(count))
 
 
 def agree(builds: dict, output, *args) -> bool:
@@ -122,32 +140,35 @@ def main() -> int:
                         help="the same matrices dequantized, through the float kernel")
     args = parser.parse_args()
     builds = load_builds(args.other, args.threads)
-    matrices = model_matrices(args.model, args.float32,
-                              args.formats.split(",") if args.formats else None)
-    if not matrices:
+    formats = args.formats.split(",") if args.formats else None
+    # Each build packs its own records: their layout may differ between the builds.
+    matrices = {name: model_matrices(args.model, args.float32, formats, module)
+                for name, module in builds.items()}
+    if not matrices["this"]:
         raise SystemExit(f"no matrix of format {args.formats} in the model")
     info = machine()
     print(f"$ python benchmarks/matmul_ab.py --other {args.other} --rows {args.rows} "
-          f"--rounds {args.rounds} --threads {args.threads}"
+          + (f"--model {args.model} " if args.model else "")
+          + f"--rounds {args.rounds} --threads {args.threads}"
           + (f" --formats {args.formats}" if args.formats else "")
           + (" --float32" if args.float32 else ""))
     print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "
-          f"{len(matrices)} matrices")
+          f"{len(matrices['this'])} matrices")
     rng = np.random.default_rng(0)
     widths = [int(value) for value in args.rows.split(",")]
-    depths = {w.shape[1] for _, w in matrices}
-    columns = {w.shape[0] for _, w in matrices}
+    depths = {w.shape[1] for _, w in matrices["this"]}
+    columns = {w.shape[0] for _, w in matrices["this"]}
     times: dict[tuple[str, int], list[float]] = {(b, m): [] for b in builds for m in widths}
     buffers = {m: ({d: rng.standard_normal((m, d)).astype(np.float32) for d in depths},
                    {c: np.empty((m, c), np.float32) for c in columns}) for m in widths}
     identical = {m: same_bits(builds, matrices, buffers[m][0]) for m in widths}
-    for module in builds.values():  # warm both builds' code and the weights' pages
+    for name, module in builds.items():  # warm both builds' code and the weights' pages
         for m in widths:
-            one_round(module, matrices, *buffers[m])
+            one_round(module, matrices[name], *buffers[m])
     for _ in range(args.rounds):
         for m in widths:
             for name, module in builds.items():
-                times[(name, m)].append(one_round(module, matrices, *buffers[m]))
+                times[(name, m)].append(one_round(module, matrices[name], *buffers[m]))
     medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
     for m in widths:
         print(json.dumps({"rows": m, "this_ms": round(medians[("this", m)], 3),

@@ -334,7 +334,9 @@ static void check_level(const struct kernel_table *level)
     check_layers(level, FORMAT_Q4_1, LAYOUT_DOT, 1, 0, 0);
     check_layers(level, FORMAT_Q8_0, LAYOUT_GROUPED, 0, 1, 1);
     check_layers(level, FORMAT_Q5_0, LAYOUT_DOT, 1, 1, 1);
-    check_layers(level, FORMAT_Q6_K, LAYOUT_DOT, 0, 0, 0);
+    /* The super-block formats (q6_k, ...) need K in multiples of 256, wider than this layer:
+     * their records are checked by check_dot; the table lookup's path is checked here. */
+    check_layers(level, FORMAT_IQ4_NL, LAYOUT_DOT, 0, 0, 0);
 }
 
 int main(void)

@@ -15,7 +15,8 @@
  *         q2_k:                    acc = acc + ((d_w * d_x) * (float)I
  *                                                + (-dmin_w * d_x) * (float)M)
  *     out = acc (+ bias)
- * with s_w, m_w the block's scale and minimum (kernels.h's dot layout) and isum the exact
+ * with s_w, m_w the block's scale and minimum (kernels.h's dot layout; the k formats' d * sc
+ * and -dmin * m, exact float32 products formed from the record's integers) and isum the exact
  * integer sum over the block (isum0, isum1 over its weights 0..15 and 16..31) of
  * (code - offset) * q_x, computed from the stored codes and start values (q->starts) that take
  * the offset out (q2_k, q3_k: I and M, dot_k_low.h's exact sums of the sub-scaled halves);
@@ -125,10 +126,10 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
                                                        isum[r], &isum1[r]));
             continue;
         }
-        const dv scale = dot_parameter(format, record, 0, a->lane0);
+        const dv scale = dot_parameter(format, record, codes, 0, a->lane0);
         dv second = dv_zero();
         if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
-            second = dot_parameter(format, record, 1, a->lane0);
+            second = dot_parameter(format, record, codes, 1, a->lane0);
         struct dot_codes w;
         const ptrdiff_t first = b * a->rows + a->first_row;
         const int8_t *x = q->values + first * QUANT_BLOCK;
@@ -144,9 +145,6 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         } else if (format == FORMAT_Q8_0) {
             dot_load_q8(codes + 4 * a->lane0, &w);
             dot_q8_rows(&w, x, starts, rows, isum);
-        } else if (format == FORMAT_Q6_K) {
-            dot_load_u8(codes + 4 * a->lane0, &w);
-            dot_u8_halves(&w, x, starts, rows, isum, isum1);
         } else if (CRUMB_CODES(format)) {
             dot_load_crumbs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
@@ -156,9 +154,12 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         } else if (SIGN_CODES(format)) {
             dot_load_signs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
-        } else {
-            dot_load_u8(codes + 4 * a->lane0, &w);
-            dot_u8_rows(&w, x, starts, rows, isum);
+        } else { /* 5- and 6-bit codes */
+            uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
+            dot_unpack_high(format, codes + 4 * a->lane0, unpacked, 4 * DOT_VW);
+            dot_load_u8(unpacked, &w);
+            if (format == FORMAT_Q6_K) dot_u8_halves(&w, x, starts, rows, isum, isum1);
+            else dot_u8_rows(&w, x, starts, rows, isum);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++)

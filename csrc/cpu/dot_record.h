@@ -7,48 +7,24 @@
  * that feeds them the same exact integer sums writes the same bits.
  */
 
-#include "lookup_values.h"
+#include "dot_layout.h"
 
 /* How many records ahead of the one in use the kernels prefetch. */
 #define DOT_PREFETCH_RECORDS 16
 
-/* Compile-time constants in every instance that uses them. */
-#define NIBBLE_CODES(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q4_1 || (F) == FORMAT_Q4_K)
-#define FLOAT_PARAMETERS(F) ((F) == FORMAT_Q4_K || (F) == FORMAT_Q5_K || (F) == FORMAT_Q6_K)
-#define HAS_MINIMUM(F) ((F) == FORMAT_Q4_1 || (F) == FORMAT_Q5_1 || (F) == FORMAT_Q4_K || \
-                        (F) == FORMAT_Q5_K)
 /* Whether the codes carry an offset that the starts take out (set_dot_starts): else every
  * start is 0 and the row functions get starts = NULL. */
 #define CODE_OFFSET(F) ((F) == FORMAT_Q4_0 || (F) == FORMAT_Q5_0 || (F) == FORMAT_Q6_K || \
                         (((F) == FORMAT_Q8_0 || LOOKUP_CODES(F)) && DOT_Q8_CODE_BIAS != 0) || \
                         CRUMB_CODES(F) || SIGN_CODES(F) || TRIT_CODES(F))
-/* The ternary and 1-bit formats keep one float16 scale per 256 (tq1_0, tq2_0) or 128 (q1_0)
- * weights, so one record covers SHARED_BLOCKS(F) blocks of 32: the group's 16 scales, then the
- * codes. tq2_0 and q1_0 give each block of 32 SHARED_CODE_BYTES(F) bytes: 2-bit codes 0..3
- * ("crumbs") in two chunks, or q1_0's bits in one (read as 2 * bit). tq1_0 keeps its bytes of
- * five trits each as the file stores them, in 13 chunks (its bytes 4c..4c+3 of each row in chunk
- * c: qs in chunks 0..11, qh in chunk 12), which every block of 32 decodes its trits from
- * (dot_load_trits). Their offset is 1: code - 1 is the ternary weight, or -1 and +1. */
-#define CRUMB_CODES(F) ((F) == FORMAT_TQ2_0)
-#define TRIT_CODES(F) ((F) == FORMAT_TQ1_0)
-#define SIGN_CODES(F) ((F) == FORMAT_Q1_0)
-#define SHARED_BLOCKS(F) (CRUMB_CODES(F) || TRIT_CODES(F) ? 8 : SIGN_CODES(F) ? 4 : 1)
-#define SHARED_CODE_BYTES(F) (CRUMB_CODES(F) ? 2 * DOT_CHUNK : SIGN_CODES(F) ? DOT_CHUNK : 0)
-#define PARAMETER_BYTES(F) \
-    (LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : \
-     (FLOAT_PARAMETERS(F) ? 4 : 2) * DOT_GROUP * (HAS_MINIMUM(F) || (F) == FORMAT_Q6_K ? 2 : 1))
 
-/* The lanes' block scale of a lookup format (lookup_values.h): the float16 d of iq4_nl; the
- * float32 product d * (ls - 32) of iq4_xs (exact: at most 17 significant bits); mxfp4's
- * 2^(e - 128). */
+/* The lanes' block scale of a lookup format without a super-block header (lookup_values.h):
+ * the float16 d of iq4_nl, mxfp4's 2^(e - 128). */
 static ALWAYS_INLINE dv dot_lookup_scale(const int format, const uint8_t *record,
                                          ptrdiff_t lane0)
 {
     if (format == FORMAT_MXFP4) return dv_load_e8m0_half(record + lane0);
-    const dv d = dv_load_half((const uint16_t *)record + lane0);
-    if (format == FORMAT_IQ4_XS)
-        return dv_mul(d, dv_load_int8((const int8_t *)record + 2 * DOT_GROUP + lane0));
-    return d;
+    return dv_load_half((const uint16_t *)record + lane0);
 }
 
 /* The parameters of block b of a group whose records start at `records` (FORMAT_ROWS'
@@ -65,7 +41,8 @@ static ALWAYS_INLINE const uint8_t *dot_record_codes(const int format, const uin
     return parameters + PARAMETER_BYTES(format) +
            (SHARED_BLOCKS(format) == 1 ? 0
                                        : (size_t)(b % SHARED_BLOCKS(format)) *
-                                             SHARED_CODE_BYTES(format));
+                                             SHARED_CODE_BYTES(format)) +
+           SUB_SCALE_BYTES(format);
 }
 
 /* tq1_0's codes of block `sub` (0..7) of a GGUF block, as ggml orders its trits: blocks 0..4
@@ -84,14 +61,41 @@ static ALWAYS_INLINE void dot_load_trits(const uint8_t *chunks, int sub, struct 
     }
 }
 
-/* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale). */
-static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record, int which,
-                                      ptrdiff_t lane0)
+/* The lanes' block parameter `which` (0: scale, 1: minimum or q6_k's second scale) from the
+ * block's record (a shared record's header) and codes (dot_record_codes: a super-block
+ * format's sub-scales sit just before them). d * sc and -dmin * m are exact: a float16 times
+ * an integer of at most 8 bits has at most 19 significant bits. */
+static ALWAYS_INLINE dv dot_parameter(const int format, const uint8_t *record,
+                                      const uint8_t *codes, int which, ptrdiff_t lane0)
 {
+    if (SUPER_HEADER(format)) {
+        const int8_t *sub_scales = (const int8_t *)codes - SUB_SCALE_BYTES(format);
+        const int header = format == FORMAT_Q6_K ? 0 : which;
+        return dv_mul(dv_load_half((const uint16_t *)record + header * DOT_GROUP + lane0),
+                      dv_load_int8(sub_scales + which * DOT_GROUP + lane0));
+    }
     if (LOOKUP_CODES(format)) return dot_lookup_scale(format, record, lane0);
-    if (FLOAT_PARAMETERS(format))
-        return dv_load((const float *)record + which * DOT_GROUP + lane0);
     return dv_load_half((const uint16_t *)record + which * DOT_GROUP + lane0);
+}
+
+/* The 5- and 6-bit codes (dot_layout.h's HIGH_BIT_CODES, HIGH_CRUMB_CODES) of `lane_bytes` / 4
+ * rows, from `codes` (the rows' first byte of chunk 0), as one byte each in the byte formats'
+ * chunks at `out` (chunk j at out + j * DOT_CHUNK). A loop of byte operations the compiler
+ * turns into the level's vectors. */
+static ALWAYS_INLINE void dot_unpack_high(const int format, const uint8_t *codes, uint8_t *out,
+                                          int lane_bytes)
+{
+    const uint8_t *high = codes + 4 * DOT_CHUNK;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        for (int o = 0; o < lane_bytes; o++) {
+            const uint8_t nibbles = codes[(j % 4) * DOT_CHUNK + o];
+            const int low = j < 4 ? nibbles & 15 : nibbles >> 4;
+            const int top = HIGH_CRUMB_CODES(format)
+                                ? (high[(j / 4) * DOT_CHUNK + o] >> (2 * (j % 4))) & 3
+                                : (high[o] >> j) & 1;
+            out[j * DOT_CHUNK + o] = (uint8_t)(low | top << 4);
+        }
 }
 
 /* One block's term of activation row `index` (the quantized rows' block-major index) from the

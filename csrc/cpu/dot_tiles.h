@@ -9,7 +9,7 @@
  * Invariant: output element (m, n) has the bits dot_body.h states, the same as on every other
  * level: a block of 32 is one tile step (activation rows of the block are the A tile, read in
  * place from the block-major quantized rows; the record's codes are the B tile, as stored for
- * byte codes and unpacked into bytes for q4, 2-bit, trit, 1-bit, q2_k and q3_k codes; the
+ * q8_0 and unpacked into bytes for the others; the
  * halves of q6_k, q2_k and q3_k are two steps), the
  * int32 sums are exact, and each block's float term is added into the fp32 accumulator in block
  * order by dot_record.h's dot_block_term, the one epilogue every level runs. Rows are cut into
@@ -61,9 +61,11 @@ static void configure_tiles(int rows, int halves)
 static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *codes,
                                                ptrdiff_t b)
 {
-    if (!NIBBLE_CODES(format) && !LOOKUP_CODES(format) && !CRUMB_CODES(format) &&
-        !SIGN_CODES(format) && !TRIT_CODES(format))
-        return codes;
+    if (format == FORMAT_Q8_0) return codes;
+    if (HIGH_BIT_CODES(format) || HIGH_CRUMB_CODES(format)) {
+        dot_unpack_high(format, codes, tile_scratch.codes[0], DOT_CHUNK);
+        return tile_scratch.codes[0];
+    }
     struct dot_codes w;
     if (LOOKUP_CODES(format)) dot_load_lookup(lookup_values(format), codes, &w);
     else if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
@@ -161,12 +163,13 @@ static ALWAYS_INLINE void tile_columns(const int format, const struct matmul_pro
                     tile_k_low_block(format, q, records, record_bytes, b, index, rows, acc);
                     continue;
                 }
-                const dv scale = dot_parameter(format, record, 0, 0);
+                const uint8_t *codes = dot_record_codes(format, record, b);
+                const dv scale = dot_parameter(format, record, codes, 0, 0);
                 dv second = dv_zero();
                 if (HAS_MINIMUM(format) || format == FORMAT_Q6_K)
-                    second = dot_parameter(format, record, 1, 0);
+                    second = dot_parameter(format, record, codes, 1, 0);
                 tile_block_sums(format, q->values + index * QUANT_BLOCK,
-                                tile_codes(format, dot_record_codes(format, record, b), b));
+                                tile_codes(format, codes, b));
                 const int32_t *starts = CODE_OFFSET(format) ? q->starts + 2 * index : NULL;
                 for (int r = 0; r < rows; r++) {
                     const vi isum = _mm512_add_epi32(

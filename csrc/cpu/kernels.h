@@ -34,12 +34,13 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
  * group's 16 block parameters, then the weight codes in chunks of 64 bytes, 4 bytes per row.
  * Every format reads as w = scale * (code - offset) + minimum, code an unsigned integer:
  * - parameters: q8_0, q4_0, q5_0: 16 float16 scales; q4_1, q5_1: 16 float16 scales, then 16
- *   float16 minimums; q4_k, q5_k: 16 float32 scales d * sc, then 16 float32 minimums
- *   -(dmin * m); q6_k: 16 float32 scales d * sc of weights 0..15, then 16 of weights 16..31;
+ *   float16 minimums; q4_k, q5_k, q6_k: a float16 header per 256 weights and integer
+ *   sub-scales per block (dot_layout.h), the scales d * sc and minimums -(dmin * m) formed
+ *   from them as exact float32 products;
  * - codes: nibble formats (q4_0, q4_1, q4_k): chunk t (0..3) holds per row 4 bytes whose low
- *   nibbles are codes 4t..4t+3 and high nibbles codes 16+4t..16+4t+3; byte formats (q8_0,
- *   q5_0, q5_1, q5_k, q6_k): chunk j (0..7) holds per row codes 4j..4j+3, one byte each (q8_0
- *   as w + 128);
+ *   nibbles are codes 4t..4t+3 and high nibbles codes 16+4t..16+4t+3; q8_0: chunk j (0..7)
+ *   holds per row codes 4j..4j+3 as w + 128, one byte each; q5_0, q5_1, q5_k, q6_k: their low
+ *   4 bits as the nibble formats', then their high bits in one or two chunks (dot_layout.h);
  * - offsets: q4_0 8, q5_0 16, q6_k 32, q8_0 and the lookup formats 128, tq1_0, tq2_0 and q1_0 1, else 0.
  * The lookup formats (iq4_nl, iq4_xs, mxfp4) read as w = scale * TABLE[code] instead:
  * lookup_values.h says what their records hold (nibble codes as q4_0's, read through the table).

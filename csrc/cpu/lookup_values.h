@@ -6,8 +6,9 @@
  * integers ggml uses (kvalues_iq4nl; kvalues_mxfp4, the e2m1 values doubled), so an integer dot
  * over table values is exact and the block scale is applied once in the float epilogue
  * (dot_record.h). A dot record holds the codes as stored (nibbles, laid out as q4_0's) and the
- * block parameters as stored: iq4_nl 16 float16 d; iq4_xs 16 float16 d, then 16 int8 ls - 32
- * (scale d * (ls - 32), exact in float32); mxfp4 16 e8m0 bytes (scale 2^(e - 128)).
+ * block parameters as stored: iq4_nl 16 float16 d; mxfp4 16 e8m0 bytes (scale 2^(e - 128));
+ * iq4_xs a float16 d per 256 weights and an int8 ls - 32 per block of 32 (dot_layout.h's
+ * super-block header; scale d * (ls - 32), exact in float32).
  */
 #ifndef EXACTDRAFT_CPU_LOOKUP_VALUES_H
 #define EXACTDRAFT_CPU_LOOKUP_VALUES_H
@@ -18,9 +19,8 @@
 #include "formats.h"
 
 #define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL || (F) == FORMAT_IQ4_XS || (F) == FORMAT_MXFP4)
-/* Bytes of a record's parameters for 16 rows. */
-#define LOOKUP_PARAMETER_BYTES(F) \
-    ((F) == FORMAT_IQ4_XS ? 3 * 16 : (F) == FORMAT_MXFP4 ? 16 : 2 * 16)
+/* Bytes of a record's parameters for 16 rows (iq4_xs: dot_layout.h's header instead). */
+#define LOOKUP_PARAMETER_BYTES(F) ((F) == FORMAT_MXFP4 ? 16 : 2 * 16)
 
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};

@@ -1,30 +1,24 @@
-/* Packing GGUF block rows into the dot layout (kernels.h) at load time.
+/* Packing GGUF block rows into the dot layout (kernels.h, dot_layout.h) at load time.
  *
  * Invariant: a record holds exactly the values its GGUF blocks encode, split as the dot
  * layout reads them: w = scale * (code - offset) + minimum, with float16 parameters copied bit
- * for bit and the k formats' float32 parameters formed as the single float32 products ggml forms
- * (d * sc, -(dmin * m)), which are exact; codes are the stored integers, unsigned (q2_k and
- * q3_k keep d, dmin and their integer sub-scales apart, as dot_k_low.h lays out). It is the C
- * twin of the format rows' block_fields (exactdraft/formats/table.py, formats/dequantize.py),
- * which tests hold it equal to. The ternary and 1-bit formats keep one scale per GGUF block
- * (pack_shared_group), so that their records take the bytes their blocks take; tq1_0 keeps its
- * five-trit bytes as stored, decoded by the kernels. The lookup formats' records (lookup_values.h)
- * keep their stored nibbles, which index the format's table, and their parameters as stored;
- * tests hold them equal to a numpy packing of the raw blocks.
+ * for bit (q4_k and q5_k's dmin with its sign flipped, exactly) and the k formats' integer
+ * sub-scales as stored, from which the kernels form the float32 products ggml forms (d * sc,
+ * -(dmin * m)), which are exact; codes are the stored integers, unsigned, kept at their stored
+ * width (q5 and q6_k's high bits apart from their low nibbles; q2_k and q3_k as dot_k_low.h
+ * lays out). It is the C twin of the format rows' block_fields (exactdraft/formats/table.py,
+ * formats/dequantize.py), which tests hold it equal to. The ternary and 1-bit formats keep one
+ * scale per GGUF block (pack_shared_group), so that their records take the bytes their blocks
+ * take; tq1_0 keeps its five-trit bytes as stored, decoded by the kernels. The lookup formats'
+ * records (lookup_values.h) keep their stored nibbles, which index the format's table, and
+ * their parameters as stored; tests hold them equal to a numpy packing of the raw blocks.
  */
 #include "pack_dot.h"
 
 #include <string.h>
 
-#include "lookup_values.h"
+#include "dot_layout.h"
 #include "thread_pool.h"
-
-static float half_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return half_bits_to_float(h);
-}
 
 /* q4_k / q5_k's 6-bit scale and min of sub-block j from the 12 packed bytes. */
 static void k4_scale(const uint8_t *s, int j, int *scale, int *minimum)
@@ -39,8 +33,8 @@ static void k4_scale(const uint8_t *s, int j, int *scale, int *minimum)
 }
 
 struct block_parts {
-    uint16_t halves[2];   /* float16 scale (and minimum) */
-    float floats[2];      /* float32 scale and minimum, or q6_k's two scales */
+    uint16_t halves[2];   /* float16 scale and minimum (a super-block header's d, -dmin) */
+    int8_t sub_scales[2]; /* sc and m (q4_k, q5_k), q6_k's two sc, iq4_xs's ls - 32 */
     uint8_t codes[32];    /* unsigned codes 0..255 */
 };
 
@@ -88,8 +82,10 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         const int j = (int)(b % 8);
         int scale, minimum;
         k4_scale(block + 4, j, &scale, &minimum);
-        out->floats[0] = half_at(block) * (float)scale;
-        out->floats[1] = -(half_at(block + 2) * (float)minimum);
+        memcpy(out->halves, block, 4);
+        out->halves[1] ^= 0x8000; /* -dmin, exactly */
+        out->sub_scales[0] = (int8_t)scale;
+        out->sub_scales[1] = (int8_t)minimum;
         const uint8_t *qs = block + (five ? 48 : 16) + 32 * (j / 2);
         for (int l = 0; l < 32; l++) {
             uint8_t code = j % 2 ? qs[l] >> 4 : qs[l] & 0x0F;
@@ -101,11 +97,8 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
     case FORMAT_Q6_K: {
         block = row + (b / 8) * 210;
         const int h = (int)(b % 8) / 4, jj = (int)(b % 4);
-        const float d = half_at(block + 208);
-        const int8_t *scales = (const int8_t *)(block + 192);
-        const int sub = (int)(b % 8) * 2;
-        out->floats[0] = d * (float)scales[sub];
-        out->floats[1] = d * (float)scales[sub + 1];
+        memcpy(out->halves, block + 208, 2);
+        memcpy(out->sub_scales, block + 192 + (b % 8) * 2, 2);
         const uint8_t *ql = block + 64 * h + 32 * (jj % 2), *qh = block + 128 + 32 * h;
         for (int l = 0; l < 32; l++) {
             const int low = jj < 2 ? ql[l] & 0x0F : ql[l] >> 4;
@@ -130,7 +123,7 @@ static void decode(int format, const uint8_t *row, ptrdiff_t b, struct block_par
         memcpy(&high, block + 2, 2);
         const int ls =
             ((block[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4);
-        out->halves[1] = (uint16_t)(int8_t)(ls - 32); /* the record keeps ls - 32 as an int8 */
+        out->sub_scales[0] = (int8_t)(ls - 32);
         const uint8_t *qs = block + 8 + 16 * j;
         for (int i = 0; i < 16; i++) {
             out->codes[i] = qs[i] & 0x0F;
@@ -283,6 +276,30 @@ static void pack_shared_group(const struct pack_job *job, ptrdiff_t group)
     }
 }
 
+/* Block b's codes of row `lane` into a record's chunks at `codes` (dot_layout.h): bytes as
+ * stored for q8_0, else the low 4 bits as nibble chunks, then the 5- and 6-bit codes' high
+ * bits. */
+static void pack_codes(int format, const uint8_t *values, int lane, uint8_t *codes)
+{
+    if (format == FORMAT_Q8_0) {
+        for (int j = 0; j < 8; j++) memcpy(codes + j * DOT_CHUNK + 4 * lane, values + 4 * j, 4);
+        return;
+    }
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++)
+            codes[t * DOT_CHUNK + 4 * lane + i] =
+                (uint8_t)((values[4 * t + i] & 15) | (values[16 + 4 * t + i] & 15) << 4);
+    uint8_t *high = codes + 4 * DOT_CHUNK + 4 * lane;
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) {
+            if (HIGH_BIT_CODES(format))
+                high[i] |= (uint8_t)(((values[4 * j + i] >> 4) & 1) << j);
+            else if (HIGH_CRUMB_CODES(format))
+                high[(j / 4) * DOT_CHUNK + i] |=
+                    (uint8_t)(((values[4 * j + i] >> 4) & 3) << (2 * (j % 4)));
+        }
+}
+
 static void pack_group(void *context, ptrdiff_t group)
 {
     const struct pack_job *job = context;
@@ -296,13 +313,7 @@ static void pack_group(void *context, ptrdiff_t group)
         return;
     }
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int nibbles = format == FORMAT_Q4_0 || format == FORMAT_Q4_1 || format == FORMAT_Q4_K ||
-                        LOOKUP_CODES(format);
-    const int floats = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;
-    const int two = format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || floats;
-    const size_t parameter_bytes = LOOKUP_CODES(format)
-                                       ? (size_t)LOOKUP_PARAMETER_BYTES(format)
-                                       : (size_t)(floats ? 4 : 2) * DOT_GROUP * (two ? 2 : 1);
+    const int header = SUPER_HEADER(format), parameters = HAS_MINIMUM(format) ? 2 : 1;
     uint8_t *first = job->records + (size_t)group * (size_t)job->blocks * record_bytes;
     memset(first, 0, (size_t)job->blocks * record_bytes); /* rows past the last stay zero */
     for (int lane = 0; lane < DOT_GROUP; lane++) {
@@ -312,24 +323,20 @@ static void pack_group(void *context, ptrdiff_t group)
         for (ptrdiff_t b = 0; b < job->blocks; b++) {
             struct block_parts parts = {{0}, {0}, {0}};
             decode(format, row, b, &parts);
-            uint8_t *record = first + (size_t)b * record_bytes;
-            if (format == FORMAT_IQ4_XS) /* float16 d, then the int8 ls - 32 */
-                record[2 * DOT_GROUP + lane] = (uint8_t)parts.halves[1];
+            uint8_t *record = first + (size_t)(b - b % SHARED_BLOCKS(format)) * record_bytes;
+            uint8_t *codes = record + PARAMETER_BYTES(format) +
+                             (size_t)(b % SHARED_BLOCKS(format)) * SHARED_CODE_BYTES(format) +
+                             SUB_SCALE_BYTES(format);
             if (format == FORMAT_MXFP4) record[lane] = (uint8_t)parts.halves[0];
-            else for (int p = 0; p < (two ? 2 : 1); p++) {
-                if (floats) memcpy(record + 4 * (p * DOT_GROUP + lane), &parts.floats[p], 4);
-                else memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);
+            else
+                for (int p = 0; p < parameters; p++)
+                    memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);
+            if (header) {
+                const int sub_scales = SUB_SCALE_BYTES(format) / DOT_GROUP;
+                for (int p = 0; p < sub_scales; p++)
+                    codes[(p - sub_scales) * DOT_GROUP + lane] = (uint8_t)parts.sub_scales[p];
             }
-            uint8_t *codes = record + parameter_bytes;
-            if (nibbles) {
-                for (int t = 0; t < 4; t++)
-                    for (int i = 0; i < 4; i++)
-                        codes[t * DOT_CHUNK + 4 * lane + i] = (uint8_t)(
-                            parts.codes[4 * t + i] | (parts.codes[16 + 4 * t + i] << 4));
-            } else {
-                for (int j = 0; j < 8; j++)
-                    memcpy(codes + j * DOT_CHUNK + 4 * lane, parts.codes + 4 * j, 4);
-            }
+            pack_codes(format, parts.codes, lane, codes);
         }
     }
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dot_layout.h"
 #include "kernels.h"
 
 unsigned random_next(struct random_stream *s)
@@ -49,6 +50,11 @@ static uint8_t *random_k_low_records(struct random_stream *s, int format, uint8_
             const uint16_t half = random_stream_half(s);
             memcpy(weight + at + 2 * h, &half, sizeof half);
         }
+        for (int b = 0; b < SHARED_BLOCKS(format) && SUPER_HEADER(format); b++) {
+            uint8_t *sub_scales = weight + at + PARAMETER_BYTES(format) +
+                                  (size_t)b * SHARED_CODE_BYTES(format);
+            for (int i = 0; i < SUB_SCALE_BYTES(format); i++) sub_scales[i] &= 15;
+        }
         for (int b = 0; b < 8 && !q2; b++)
             for (int i = 0; i < 2 * DOT_GROUP; i++) {
                 uint8_t *scale = weight + at + header + b * block_bytes + i;
@@ -63,34 +69,33 @@ uint8_t *random_stream_dot_weights(struct random_stream *s, int format, ptrdiff_
 {
     const ptrdiff_t blocks = depth / QUANT_BLOCK, groups = (columns + DOT_GROUP - 1) / DOT_GROUP;
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int float_parameters = format == FORMAT_Q4_K || format == FORMAT_Q5_K ||
-                                 format == FORMAT_Q6_K;
-    const int parameters = (format == FORMAT_Q4_1 || format == FORMAT_Q5_1 || float_parameters
-                                ? 2
-                                : 1) * DOT_GROUP;
-    const size_t parameter_bytes = (size_t)parameters * (float_parameters ? 4 : 2);
-    const unsigned code_mask = format == FORMAT_Q6_K ? 63 : (format == FORMAT_Q5_0 ||
-                                                             format == FORMAT_Q5_1 ||
-                                                             format == FORMAT_Q5_K) ? 31 : 255;
     uint8_t *weight = malloc((size_t)(groups * blocks) * record_bytes);
     if (!weight) return NULL;
     if (format == FORMAT_Q2_K || format == FORMAT_Q3_K)
         return random_k_low_records(s, format, weight, groups * blocks * (ptrdiff_t)record_bytes);
-    for (ptrdiff_t record = 0; record < groups * blocks; record++) {
-        uint8_t *at = weight + (size_t)record * record_bytes;
-        for (int h = 0; h < parameters; h++) {
-            if (float_parameters) {
-                float value = ldexpf(random_stream_float(s, 0), -6);
-                memcpy(at + 4 * h, &value, sizeof value);
-            } else {
-                uint16_t half = random_stream_half(s);
-                memcpy(at + 2 * h, &half, sizeof half);
-            }
+    /* Random codes and sub-scales (every bit pattern is a valid one), then random float16
+     * parameters in each record's (or shared record's) header. */
+    const size_t bytes = (size_t)(groups * blocks) * record_bytes;
+    for (size_t i = 0; i < bytes; i++) weight[i] = (uint8_t)random_next(s);
+    const size_t shared_bytes = (size_t)SHARED_BLOCKS(format) * record_bytes;
+    for (size_t at = 0; at < bytes; at += shared_bytes) {
+        if (format == FORMAT_MXFP4) { /* e8m0 exponents: scales 2^-16 .. 2^15 */
+            for (int h = 0; h < DOT_GROUP; h++)
+                weight[at + h] = (uint8_t)(112 + random_next(s) % 32);
+            continue;
         }
-        for (size_t i = parameter_bytes; i < record_bytes; i++)
-            at[i] = (uint8_t)(random_next(s) & code_mask);
-        if (format == FORMAT_MXFP4) /* e8m0 exponents: scales 2^-16 .. 2^15 */
-            for (int h = 0; h < DOT_GROUP; h++) at[h] = (uint8_t)(112 + random_next(s) % 32);
+        for (int h = 0; h < PARAMETER_BYTES(format) / 2; h++) {
+            /* A super-block's d multiplies integer sub-scales: 256 times smaller, with
+             * sub-scales below 16, keeps the weights in the range of the other formats'. */
+            const uint16_t half = (uint16_t)(random_stream_half(s) -
+                                             (SUPER_HEADER(format) ? 8 << 10 : 0));
+            memcpy(weight + at + 2 * h, &half, sizeof half);
+        }
+        for (int b = 0; b < SHARED_BLOCKS(format) && SUPER_HEADER(format); b++) {
+            uint8_t *sub_scales = weight + at + PARAMETER_BYTES(format) +
+                                  (size_t)b * SHARED_CODE_BYTES(format);
+            for (int i = 0; i < SUB_SCALE_BYTES(format); i++) sub_scales[i] &= 15;
+        }
     }
     return weight;
 }

@@ -99,11 +99,12 @@ def _group_rows(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return grouped
 
 
-def _dot_records(rows: np.ndarray, format: str, depth: int) -> np.ndarray:
+def _dot_records(rows: np.ndarray, format: str, depth: int, native: Any = None) -> np.ndarray:
     """A copy of uint8 GGUF rows [N, row bytes] in the dot layout (kernels.h), packed by the
-    extension (csrc/cpu/pack_dot.c): per group of DOT_GROUP rows and block of 32 weights, the
-    16 rows' parameters then their codes."""
-    from exactdraft import _cpu_kernels as native
+    extension (csrc/cpu/pack_dot.c; `native`: another build of it): per group of DOT_GROUP rows
+    and block of 32 weights, the 16 rows' parameters then their codes."""
+    if native is None:
+        from exactdraft import _cpu_kernels as native
 
     code = FORMAT_ROWS[format].kernel
     record_bytes = {row[0]: row[5] for row in native.format_table()}[code]

@@ -55,10 +55,12 @@ for dtype in ("bf16", "fp32"):
                window="i32", scale="fp32"),
           dict(HEADS=9, GROUP=3, GROUP_PADDED=4, D=64, D_PADDED=64, BLOCK_M=4, CHUNK=512,
                TILE=64, ROWWISE=False, IEEE_FP32=dtype == "fp32"), num_warps=4)
-    build(attention._merge_kernel,
-          dict(pos_ptr="*i32", max_ptr="*fp32", sum_ptr="*fp32", acc_ptr="*fp32",
-               out_ptr=element, num_chunks="i32", window="i32"),
-          dict(HEADS=9, HEADS_PADDED=16, D=64, D_PADDED=64, CHUNK=512), num_warps=4)
+    for sinks in (False, True):
+        build(attention._merge_kernel,
+              dict(pos_ptr="*i32", max_ptr="*fp32", sum_ptr="*fp32", acc_ptr="*fp32",
+                   out_ptr=element, sink_ptr="*fp32", num_chunks="i32", window="i32"),
+              dict(HEADS=9, HEADS_PADDED=16, D=64, D_PADDED=64, CHUNK=512, HAS_SINKS=sinks),
+              num_warps=4)
     if dtype == "bf16":
         print("bf16", found["_matmul_kernel"], found["_chunk_kernel"])
 print("ok")

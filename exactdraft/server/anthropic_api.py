@@ -119,11 +119,11 @@ class Reply:
             tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
         # A reply's reasoning is its thinking blocks (server/reasoning/) where the template
         # has one; the blocks then open as the text comes, with tools or without.
-        self.reasoning = reasoning_splitters(service.tokenizer, prompt_ids,
-                                             wanted.separate_reasoning)
+        make_splitter = reasoning_splitters(service.tokenizer, prompt_ids,
+                                            wanted.separate_reasoning)
         self.reasoner = None
-        if self.reasoning is not None:
-            self.reasoner = StreamedReasoning(self.reasoning)
+        if make_splitter is not None:
+            self.reasoner = StreamedReasoning(make_splitter)
             self.blocks = tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
 
     def _tool_stop(self, reason: str, called: bool) -> str:
@@ -152,7 +152,7 @@ class Reply:
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]
-        if self.reasoning is not None:  # the blocks its stream builds
+        if self.reasoner is not None:  # the blocks its stream builds
             blocks = tool_replies.assembled_blocks(self.block_events(
                 result.text or "", True, result.finish_reason in tool_replies.CUT))
         elif self.wanted.tools is not None:

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_calls.histories as histories
 import exactdraft.server.tool_calls.replies as tool_replies
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
@@ -68,9 +69,9 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
     system_text = "\n\n".join(text for text in systems if text) or None
     conversation = thinking_apart(conversation)
     request = tools.anthropic_tools(body, getattr(service.tokenizer, "chat_template", None))
-    if request is not None or tools.uses_tools(conversation):
+    if request is not None or histories.uses_tools(conversation):
         prompt: Any = tools.prompt_ids(
-            service, tools.anthropic_history(conversation, system_text), request)
+            service, histories.anthropic_history(conversation, system_text), request)
     else:
         prompt = chat_messages(conversation, system=system_text)
     return Wanted(prompt=prompt, max_tokens=max_tokens,

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_calls.histories as histories
 import exactdraft.server.tool_calls.replies as tool_replies
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
@@ -70,8 +71,8 @@ def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
 def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
     wanted = common(body, service, None)
     request = tools.openai_tools(body, getattr(service.tokenizer, "chat_template", None))
-    if request is not None or tools.uses_tools(body.get("messages")):
-        wanted.prompt = tools.prompt_ids(service, tools.openai_history(body.get("messages")),
+    if request is not None or histories.uses_tools(body.get("messages")):
+        wanted.prompt = tools.prompt_ids(service, histories.openai_history(body.get("messages")),
                                          request)
         wanted.tools = request if request is not None and request.active else None
     else:

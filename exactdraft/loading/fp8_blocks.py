@@ -6,10 +6,12 @@ float32(e4m3fn code) * float32(its block's scale) rounded once to nearest-even: 
 multiply per weight, the product transformers' FP8 dequantization computes before casting to
 the model's dtype. The e4m3fn codes are decoded by bit
 arithmetic, exactly (every code is a float32). Blocks at the right and bottom edges cover what is
-left of a dimension that is not a multiple of the block size. A weight that holds the NaN code
-(0x7F, 0xFF), an fp8 weight without its scale or with a scale of the wrong shape, a scale
-without an fp8 weight, and any other float8 kind are refused with the tensor named, when the
-checkpoint is opened.
+left of a dimension that is not a multiple of the block size. Refused with the file and tensor
+named when the checkpoint is opened: an fp8 weight with fewer than two dimensions, without its
+scale or with a scale of the wrong shape or of a dtype other than F32, BF16 or F16 (each widens
+to float32 exactly), a scale without an fp8 weight, and any other float8 kind. A weight that
+holds the NaN code (0x7F, 0xFF), or whose scale is not finite, is refused when it is read, with
+the position named.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from exactdraft.loading.safetensors_file import FLOAT8_DTYPES
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 _E4M3 = "F8_E4M3"
 _NAN_CODES = (0x7F, 0xFF)
+_SCALE_DTYPES = ("F32", "BF16", "F16")  # each widens to float32 exactly
 
 
 def e4m3fn_values() -> np.ndarray:
@@ -76,6 +79,9 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, i
     codes = np.asarray(codes)
     scales = np.asarray(scales, dtype=np.float32)
     expected = block_scale_shape(codes.shape, block)
+    if expected is None:
+        raise WeightError(f"tensor {name!r} of shape {tuple(codes.shape)} has fewer than two "
+                          "dimensions; block scales cover matrices")
     if tuple(scales.shape) != expected:
         raise WeightError(f"tensor {name!r} of shape {tuple(codes.shape)} needs a scale of "
                           f"shape {expected} for blocks of {block[0]}x{block[1]}, got "
@@ -86,16 +92,19 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, i
         raise WeightError(f"tensor {name!r} holds the fp8 NaN code at {where}")
     if not np.isfinite(scales).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
-        raise WeightError(f"tensor {name!r}{SCALE_SUFFIX} holds {scales[where]} at {where}")
+        raise WeightError(f"tensor {name + SCALE_SUFFIX!r} holds {scales[where]} at {where}")
     rows, columns = codes.shape[-2:]
     per_element = np.repeat(np.repeat(scales, block[0], axis=-2)[..., :rows, :],
                             block[1], axis=-1)[..., :columns]
     return _E4M3_VALUES[codes] * per_element
 
 
-def block_scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+def block_scale_shape(shape: tuple[int, ...],
+                      block: tuple[int, int]) -> tuple[int, ...] | None:
+    """The scale grid of a weight of `shape`: one scale per block of its last two dimensions;
+    None for a weight of fewer than two dimensions, which no block scale fits."""
     if len(shape) < 2:
-        return ()  # no block scale fits a vector; any scale given is the wrong shape
+        return None
     rows, columns = shape[-2:]
     return (*shape[:-2], -(-rows // block[0]), -(-columns // block[1]))
 
@@ -106,34 +115,51 @@ class FP8BlockTensors(Mapping):
 
     def __init__(self, tensors: Any, block: tuple[int, int]) -> None:
         self.tensors, self.block = tensors, block
-        dtypes = {name: entry.dtype for name, entry in tensors.entries.items()}
+        entries = tensors.entries
         self.scaled: set[str] = set()
-        for name, dtype in dtypes.items():
+        for name, entry in entries.items():
+            where = f"{entry.path}: tensor {name!r}"
             if name.endswith(SCALE_SUFFIX):
-                weight = name[: -len(SCALE_SUFFIX)]
-                if dtypes.get(weight) != _E4M3:
-                    raise WeightError(f"tensor {name!r} scales {weight!r}, which is "
-                                      f"{dtypes.get(weight, 'missing')}, not F8_E4M3")
-                expected = block_scale_shape(tensors.shape(weight), block)
-                if tuple(tensors.shape(name)) != expected:
-                    raise WeightError(
-                        f"tensor {name!r} has shape {tuple(tensors.shape(name))}; "
-                        f"{weight!r} of shape {tuple(tensors.shape(weight))} needs "
-                        f"{expected} for blocks of {block[0]}x{block[1]}")
-                self.scaled.add(weight)
-            elif dtype == _E4M3 and name + SCALE_SUFFIX not in dtypes:
-                raise WeightError(f"fp8 tensor {name!r} has no {name + SCALE_SUFFIX!r}")
-            elif dtype in FLOAT8_DTYPES and dtype != _E4M3:
-                raise WeightError(f"tensor {name!r} is stored as {dtype}, which is not read "
+                weight = entries.get(name[: -len(SCALE_SUFFIX)])
+                self._check_scale(name, entry, weight, where)
+                self.scaled.add(name[: -len(SCALE_SUFFIX)])
+            elif entry.dtype == _E4M3 and name + SCALE_SUFFIX not in entries:
+                raise WeightError(f"{entry.path}: fp8 tensor {name!r} has no "
+                                  f"{name + SCALE_SUFFIX!r}")
+            elif entry.dtype in FLOAT8_DTYPES and entry.dtype != _E4M3:
+                raise WeightError(f"{where} is stored as {entry.dtype}, which is not read "
                                   "(float8 weights are read as F8_E4M3 with block scales)")
+
+    def _check_scale(self, name: str, entry: Any, weight: Any, where: str) -> None:
+        """Refuses a scale that does not fit the fp8 weight it is named after."""
+        scaled = name[: -len(SCALE_SUFFIX)]
+        if weight is None or weight.dtype != _E4M3:
+            raise WeightError(f"{where} scales {scaled!r}, which is "
+                              f"{'missing' if weight is None else weight.dtype}, not F8_E4M3")
+        if entry.dtype not in _SCALE_DTYPES:
+            raise WeightError(f"{where} is stored as {entry.dtype}; a block scale is one of "
+                              f"{', '.join(_SCALE_DTYPES)}")
+        expected = block_scale_shape(tuple(weight.shape), self.block)
+        if expected is None:
+            raise WeightError(f"{weight.path}: fp8 tensor {scaled!r} of shape "
+                              f"{tuple(weight.shape)} has fewer than two dimensions; block "
+                              "scales cover matrices")
+        if tuple(entry.shape) != expected:
+            raise WeightError(
+                f"{where} has shape {tuple(entry.shape)}; {scaled!r} of shape "
+                f"{tuple(weight.shape)} needs {expected} for blocks of "
+                f"{self.block[0]}x{self.block[1]}")
 
     def __getitem__(self, name: str) -> Any:
         if name not in self.scaled:
             if name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in self.scaled:
                 raise KeyError(name)
             return self.tensors[name]
-        return dequantize_blocks(self.tensors.stored(name), self.tensors[name + SCALE_SUFFIX],
-                                 self.block, name)
+        try:
+            return dequantize_blocks(self.tensors.stored(name),
+                                     self.tensors[name + SCALE_SUFFIX], self.block, name)
+        except WeightError as error:
+            raise WeightError(f"{self.tensors.entries[name].path}: {error}") from None
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors.shape(name))

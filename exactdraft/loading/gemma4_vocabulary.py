@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactdraft.errors import TokenizerError
-from exactdraft.loading.sentencepiece import SPACE, add_cut_out_tokens
+from exactdraft.loading.sentencepiece import SPACE, add_cut_out_tokens, vocabulary_ids
 
 # llama.cpp's pre-tokenizer for `gemma4`: runs of newlines and runs of everything else.
 _NEWLINE_RUNS = r"[^\n]+|[\n]+"
@@ -58,12 +58,7 @@ def gemma4_backend(tokens: Sequence[str], token_types: Sequence[int],
     if len(token_types) != len(tokens):
         raise TokenizerError(f"tokenizer.ggml.token_type has {len(token_types)} entries for "
                              f"{len(tokens)} tokens")
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        first = vocab.setdefault(token, index)
-        if first != index:
-            raise TokenizerError(f"tokenizer.ggml.tokens: token {token!r} appears twice (ids "
-                                 f"{first} and {index})")
+    vocab = vocabulary_ids(tokens)
     pairs = [_merge_pair(index, merge, vocab) for index, merge in enumerate(merges)]
     backend = Backend(models.BPE(vocab=vocab, merges=pairs, byte_fallback=True))
     backend.normalizer = normalizers.Replace(" ", SPACE)

@@ -76,12 +76,7 @@ def sentencepiece_backend(tokens: Sequence[str], scores: Sequence[float],
     if unknown_token_id is not None and not 0 <= unknown_token_id < len(tokens):
         raise TokenizerError(f"unknown_token_id {unknown_token_id} is outside the vocabulary "
                              f"[0, {len(tokens)})")
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        first = vocab.setdefault(token, index)
-        if first != index:
-            raise TokenizerError(f"token {token!r} appears twice in the vocabulary (ids {first} "
-                                 f"and {index})")
+    vocab = vocabulary_ids(tokens)
     model = models.BPE(vocab=vocab, merges=score_ranked_merges(tokens, scores, vocab),
                        unk_token=None if unknown_token_id is None else tokens[unknown_token_id],
                        byte_fallback=True)
@@ -95,6 +90,17 @@ def sentencepiece_backend(tokens: Sequence[str], scores: Sequence[float],
     backend.decoder = decoders.Sequence(steps)
     add_cut_out_tokens(backend, tokens, token_types)
     return backend
+
+
+def vocabulary_ids(tokens: Sequence[str]) -> dict[str, int]:
+    """token -> id of tokenizer.ggml.tokens; a token listed twice is refused with both ids."""
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        first = vocab.setdefault(token, index)
+        if first != index:
+            raise TokenizerError(f"tokenizer.ggml.tokens: token {token!r} appears twice (ids "
+                                 f"{first} and {index})")
+    return vocab
 
 
 def score_ranked_merges(tokens: Sequence[str], scores: Sequence[float],

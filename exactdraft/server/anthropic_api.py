@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_calls.histories as histories
 import exactdraft.server.tool_calls.replies as tool_replies
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
@@ -68,9 +69,9 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
     system_text = "\n\n".join(text for text in systems if text) or None
     conversation = thinking_apart(conversation)
     request = tools.anthropic_tools(body, getattr(service.tokenizer, "chat_template", None))
-    if request is not None or tools.uses_tools(conversation):
+    if request is not None or histories.uses_tools(conversation):
         prompt: Any = tools.prompt_ids(
-            service, tools.anthropic_history(conversation, system_text), request)
+            service, histories.anthropic_history(conversation, system_text), request)
     else:
         prompt = chat_messages(conversation, system=system_text)
     return Wanted(prompt=prompt, max_tokens=max_tokens,
@@ -119,11 +120,11 @@ class Reply:
             tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
         # A reply's reasoning is its thinking blocks (server/reasoning/) where the template
         # has one; the blocks then open as the text comes, with tools or without.
-        self.reasoning = reasoning_splitters(service.tokenizer, prompt_ids,
-                                             wanted.separate_reasoning)
+        make_splitter = reasoning_splitters(service.tokenizer, prompt_ids,
+                                            wanted.separate_reasoning)
         self.reasoner = None
-        if self.reasoning is not None:
-            self.reasoner = StreamedReasoning(self.reasoning)
+        if make_splitter is not None:
+            self.reasoner = StreamedReasoning(make_splitter)
             self.blocks = tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
 
     def _tool_stop(self, reason: str, called: bool) -> str:
@@ -152,7 +153,7 @@ class Reply:
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         result = results[0]
-        if self.reasoning is not None:  # the blocks its stream builds
+        if self.reasoner is not None:  # the blocks its stream builds
             blocks = tool_replies.assembled_blocks(self.block_events(
                 result.text or "", True, result.finish_reason in tool_replies.CUT))
         elif self.wanted.tools is not None:

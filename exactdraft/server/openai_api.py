@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import exactdraft.server.tool_calls.histories as histories
 import exactdraft.server.tool_calls.replies as tool_replies
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import Chunk, GenerationResult
@@ -70,8 +71,8 @@ def common(body: Mapping[str, Any], service: Service, prompt: Any) -> Wanted:
 def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
     wanted = common(body, service, None)
     request = tools.openai_tools(body, getattr(service.tokenizer, "chat_template", None))
-    if request is not None or tools.uses_tools(body.get("messages")):
-        wanted.prompt = tools.prompt_ids(service, tools.openai_history(body.get("messages")),
+    if request is not None or histories.uses_tools(body.get("messages")):
+        wanted.prompt = tools.prompt_ids(service, histories.openai_history(body.get("messages")),
                                          request)
         wanted.tools = request if request is not None and request.active else None
     else:
@@ -98,8 +99,8 @@ class Reply:
         self.splitters: dict[int, Any] = {}  # choice -> tool-call splitter, when streaming
         self.called: set[int] = set()  # choices that made tool calls
         # A chat reply's reasoning goes apart (server/reasoning/) where the template has one.
-        self.reasoning = reasoning_splitters(service.tokenizer, prompt_ids,
-                                             wanted.separate_reasoning) if chat else None
+        self.make_reasoning_splitter = reasoning_splitters(
+            service.tokenizer, prompt_ids, wanted.separate_reasoning) if chat else None
         self.reasoners: dict[int, StreamedReasoning] = {}  # choice -> splitter, streaming
 
     def _call_prefix(self, index: int) -> str:
@@ -128,8 +129,8 @@ class Reply:
         for index, result in enumerate(results):
             choice: dict[str, Any] = {"index": index}
             text, reasoning = result.text or "", ""
-            if self.reasoning is not None:
-                reasoning, text = split_whole(self.reasoning(), text)
+            if self.make_reasoning_splitter is not None:
+                reasoning, text = split_whole(self.make_reasoning_splitter(), text)
             if self.chat and self.wanted.tools is not None:
                 choice["message"] = tool_replies.openai_message(
                     self.wanted.tools, text, self._call_prefix(index),
@@ -140,7 +141,7 @@ class Reply:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = result.text or ""
-            if self.reasoning is not None:
+            if self.make_reasoning_splitter is not None:
                 choice["message"]["reasoning_content"] = reasoning or None
             choice["finish_reason"] = self._finish(index, result)
             choice["logprobs"] = self.logprobs(result.logprobs, 0)
@@ -156,9 +157,10 @@ class Reply:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             text = chunk.text
-            if self.reasoning is not None:
+            if self.make_reasoning_splitter is not None:
                 if index not in self.reasoners:
-                    self.reasoners[index] = StreamedReasoning(self.reasoning)
+                    self.reasoners[index] = StreamedReasoning(
+                        self.make_reasoning_splitter)
                 reasoning, text = self.reasoners[index].split(text, chunk.result is not None)
                 if reasoning:
                     delta["reasoning_content"] = reasoning

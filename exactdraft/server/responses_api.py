@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import exactdraft.server.tool_calls.histories as histories
 import exactdraft.server.tool_calls.requests as tools
 from exactdraft.decoding import GenerationResult
 from exactdraft.engine import Submission
@@ -94,8 +95,8 @@ def responses_request(body: Mapping[str, Any], service: Service,
         [{"role": "system", "content": checked_text(instructions, "instructions")},
          *conversation]
     request = tool_request(body, getattr(service.tokenizer, "chat_template", None))
-    if request is not None or tools.uses_tools(messages):
-        prompt: Any = tools.prompt_ids(service, tools.openai_history(messages), request)
+    if request is not None or histories.uses_tools(messages):
+        prompt: Any = tools.prompt_ids(service, histories.openai_history(messages), request)
     else:
         prompt = chat_messages(messages, "input")
     active = request if request is not None and request.active else None

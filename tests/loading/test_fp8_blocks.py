@@ -219,16 +219,33 @@ def _set_nan(state):
      f"tensor '{NAME}_scale_inv' scales '{NAME}', which is F8_E5M2, not F8_E4M3"),
     (lambda s: s.update({"model.layers.0.mlp.extra": torch.zeros(4, dtype=torch.float8_e5m2)}),
      "tensor 'model.layers.0.mlp.extra' is stored as F8_E5M2, which is not read"),
+    (lambda s: s.update({"extra": torch.ones(8).to(torch.float8_e4m3fn),
+                         "extra_scale_inv": torch.tensor(1.0)}),
+     r"fp8 tensor 'extra' of shape \(8,\) has fewer than two dimensions"),
+    (lambda s: s.update({NAME + "_scale_inv": s[NAME + "_scale_inv"].to(torch.int32)}),
+     f"tensor '{NAME}_scale_inv' is stored as I32; a block scale is one of F32, BF16, F16"),
 ])
 def test_bad_fp8_tensors_are_refused_by_name_at_open(float_checkpoint, tmp_path, edit, message):
-    with pytest.raises(WeightError, match=message):
-        read_folder(_edited(float_checkpoint, tmp_path, edit))
+    folder = _edited(float_checkpoint, tmp_path, edit)
+    with pytest.raises(WeightError, match=message) as refused:
+        read_folder(folder)
+    assert str(refused.value).startswith(os.path.join(folder, "model.safetensors") + ": ")
 
 
 def test_the_nan_code_is_refused_by_tensor_and_position(float_checkpoint, tmp_path):
     files = read_folder(_edited(float_checkpoint, tmp_path, _set_nan))
     with pytest.raises(WeightError, match=rf"tensor '{NAME}' holds the fp8 NaN code at \(3, 7\)"):
         files.tensors[NAME]
+
+
+def test_a_scale_that_is_not_finite_is_refused_when_read(float_checkpoint, tmp_path):
+    def edit(state):
+        state[NAME + "_scale_inv"][1, 2] = float("inf")
+
+    files = read_folder(_edited(float_checkpoint, tmp_path, edit))
+    with pytest.raises(WeightError, match=rf"tensor '{NAME}_scale_inv' holds inf at \(1, 2\)"):
+        files.tensors[NAME]
+    files.tensors["model.layers.0.self_attn.kv_b_proj.weight"]  # other weights still read
 
 
 def test_fp8_without_its_quantization_config_is_refused(float_checkpoint, tmp_path):

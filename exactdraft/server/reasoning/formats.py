@@ -31,28 +31,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactdraft.server.reasoning.harmony import HarmonySplitter
-from exactdraft.server.reasoning.pieces import Answer, Piece, Pieces, Reasoning, held_back
+from exactdraft.server.reasoning.pieces import Answer, Piece, Reasoning, Splitter
+from exactdraft.server.tool_calls.formats import held_back
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PROMPT_TAIL_TOKENS = 16  # prompt tokens decoded to see whether the prompt opened <think>
 
 
-class ThinkSplitter:
+class ThinkSplitter(Splitter):
     """<think> ... </think>: `opened` says the prompt ended inside <think> (the reply starts in
     the reasoning); otherwise the reasoning is a <think> block that opens the reply (after
     whitespace). After </think> the whitespace before the answer is dropped."""
 
     def __init__(self, opened: bool) -> None:
-        self.state = "reasoning" if opened else "lead"
-        self.pending = ""
-        self.pieces = Pieces()
-
-    def feed(self, text: str) -> list[Piece]:
-        self.pending += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Piece]:
-        return self._drain(final=True)
+        super().__init__("reasoning" if opened else "lead")
 
     def _drain(self, final: bool) -> list[Piece]:
         while self.pending or final:
@@ -93,7 +85,7 @@ class ReasoningFormat:
 
     name: str
     detect: Callable[[str], bool]
-    splitter: Callable[[bool], Any]
+    splitter: Callable[[bool], Splitter]
 
 
 FORMATS: tuple[ReasoningFormat, ...] = (
@@ -111,7 +103,7 @@ def detect_reasoning(template: str | None) -> ReasoningFormat | None:
     return None
 
 
-def split_whole(splitter: Any, text: str) -> tuple[str, str]:
+def split_whole(splitter: Splitter, text: str) -> tuple[str, str]:
     """(reasoning, answer) of a whole text."""
     pieces = splitter.feed(text) + splitter.finish()
     return joined(pieces)
@@ -124,7 +116,7 @@ def joined(pieces: Sequence[Piece]) -> tuple[str, str]:
 
 
 def reasoning_splitters(tokenizer: Any, prompt_ids: Sequence[int],
-                        separate: bool = True) -> Callable[[], Any] | None:
+                        separate: bool = True) -> Callable[[], Splitter] | None:
     """A maker of splitters for the replies to one prompt, or None when the reply's text goes
     out as it is (`separate` false, no tokenizer, or a template without reasoning)."""
     template = getattr(tokenizer, "chat_template", None)
@@ -139,7 +131,7 @@ def reasoning_splitters(tokenizer: Any, prompt_ids: Sequence[int],
 class StreamedReasoning:
     """One reply's splitter as its chunks come: (reasoning, answer) of each chunk."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], Splitter]) -> None:
         self.splitter = make()
 
     def pieces(self, text: str, final: bool) -> list[Piece]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 
-from exactdraft.server.reasoning.pieces import Answer, Piece, Pieces, Reasoning, held_back
+from exactdraft.server.reasoning.pieces import Answer, Piece, Reasoning, Splitter
+from exactdraft.server.tool_calls.formats import held_back
 
 START, CHANNEL, MESSAGE = "<|start|>assistant", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
@@ -24,19 +25,10 @@ HEADER_LIMIT = 256  # characters of a header before <|message|>; past it the tex
 _CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 
 
-class HarmonySplitter:
+class HarmonySplitter(Splitter):
     def __init__(self) -> None:
-        self.state = "between"  # between messages, in a header, in a body, or plain text
+        super().__init__("between")  # between messages, in a header, in a body, or plain text
         self.kind: str = "answer"  # the open body's: reasoning, answer or markup
-        self.pending = ""
-        self.pieces = Pieces()
-
-    def feed(self, text: str) -> list[Piece]:
-        self.pending += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Piece]:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> list[Piece]:
         while self.pending:
@@ -49,9 +41,10 @@ class HarmonySplitter:
                 else:
                     self.state = "plain"
             elif self.state == "header":
-                at = self.pending.find(MESSAGE)
+                # Only a <|message|> within HEADER_LIMIT counts, whole or streamed alike.
+                at = self.pending.find(MESSAGE, 0, HEADER_LIMIT + len(MESSAGE))
                 if at < 0:
-                    if final or len(self.pending) > HEADER_LIMIT:
+                    if final or len(self.pending) >= HEADER_LIMIT + len(MESSAGE):
                         self.state = "plain"
                         continue
                     break

@@ -1,5 +1,6 @@
-"""The pieces a reasoning splitter turns text into: Reasoning and Answer, in the order the text
-holds them.
+"""The pieces a reasoning splitter turns text into (Reasoning and Answer, in the order the text
+holds them) and what every splitter shares: text fed in deltas, held until settled, and
+drained by the splitter's `_drain`.
 
 Invariant: a piece is never empty; the pieces of a text, joined by kind, are its reasoning and
 its answer (server/reasoning/formats.py).
@@ -8,10 +9,6 @@ its answer (server/reasoning/formats.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-# Markup cut by a delta is held back by the rule the tool-call splitter holds its markers by:
-# the longest end of the text that starts a marker.
-from exactdraft.server.tool_calls.formats import _held_back as held_back  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -40,3 +37,23 @@ class Pieces:
     def take(self) -> list[Piece]:
         found, self.found = self.found, []
         return found
+
+
+class Splitter:
+    """A reasoning splitter: `feed` takes the next delta, `finish` the end of the text; each
+    returns the pieces settled by then. `pending` is the text not yet settled."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+        self.pending = ""
+        self.pieces = Pieces()
+
+    def feed(self, text: str) -> list[Piece]:
+        self.pending += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[Piece]:
+        raise NotImplementedError

@@ -66,7 +66,7 @@ from exactdraft.server.tool_calls.readers import (
 
 __all__ = ["FORMATS", "CallArguments", "CallEnd", "CallStart", "Content", "ToolCall",
            "ToolCallError", "ToolCallSplitter", "ToolFormat", "constraint_grammar",
-           "detect_format", "format_named", "parse_tool_calls"]
+           "detect_format", "format_named", "held_back", "parse_tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class ToolCallSplitter:
                 self.pending, self.opened = self.pending[at + len(marker):], True
                 self.reader = self.format.reader(self)
                 continue
-            held = _held_back(self.pending, self.format.markers)
+            held = held_back(self.pending, self.format.markers)
             if final and not (self.cut and held):
                 held = 0  # the end of the text: what could have been a marker is content
             self._content(self.pending[:len(self.pending) - held])
@@ -273,7 +273,7 @@ class ToolCallSplitter:
         return events
 
 
-def _held_back(text: str, markers: Sequence[str]) -> int:
+def held_back(text: str, markers: Sequence[str]) -> int:
     """The length of the longest end of `text` that is the start of a marker."""
     for size in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
         tail = text[-size:]

@@ -60,9 +60,10 @@ class HarmonyCallReader:
     def feed(self, pending: str, final: bool) -> tuple[int, bool]:
         used = 0
         if self.index is None:
-            opened = pending.find(MESSAGE)
+            # Only a <|message|> within HEADER_LIMIT counts, whole or streamed alike.
+            opened = pending.find(MESSAGE, 0, HEADER_LIMIT + len(MESSAGE))
             if opened < 0:
-                if len(pending) > HEADER_LIMIT:
+                if len(pending) >= HEADER_LIMIT + len(MESSAGE):
                     raise ToolCallError(f"a Harmony tool call's header has no {MESSAGE} within "
                                         f"{HEADER_LIMIT} characters: {pending[:60]!r}")
                 return (len(pending), True) if final else (0, False)

@@ -17,10 +17,12 @@ from exactdraft.server.reasoning.formats import (
     joined,
     split_whole,
 )
-from exactdraft.server.reasoning.harmony import HarmonySplitter
+from exactdraft.server.reasoning.harmony import HEADER_LIMIT, HarmonySplitter
 
 CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
         '<|message|>{"city": "Paris"}<|call|>')
+
+LONG_HEADER = "<|channel|>analysis" + " " * HEADER_LIMIT + "<|message|>think<|end|>"
 
 # (splitter maker, text, reasoning, answer)
 SAMPLES = [
@@ -45,6 +47,9 @@ SAMPLES = [
     (HarmonySplitter, "Plain text with <|channel|> inside.", "",
      "Plain text with <|channel|> inside."),
     (HarmonySplitter, "<|chan", "", "<|chan"),
+    # A header past HEADER_LIMIT characters is plain text, however the text is cut.
+    (HarmonySplitter, LONG_HEADER, "", LONG_HEADER),
+    (HarmonySplitter, LONG_HEADER[:20] + LONG_HEADER[-25:], "think", ""),
 ]
 
 

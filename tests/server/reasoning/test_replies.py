@@ -203,6 +203,18 @@ def test_bad_reasoning_given_back_is_refused_by_name(base):
     status, reply = post(base, "/v1/responses", {"max_output_tokens": 1, "input": [
         *ASK, {"type": "reasoning", "summary": "not a list"}, *ASK]})
     assert status == 400 and reply["error"]["param"] == "input[1].summary"
+    status, reply = post(base, "/v1/responses", {"max_output_tokens": 1, "input": [
+        *ASK, {"type": "reasoning", "content": [{"type": "reasoning_text", "text": 5}]},
+        {"role": "assistant", "content": "Yo"}, *ASK]})
+    assert status == 400 and reply["error"]["param"] == "input[1].content"
+    # The extension itself: true or false, refused by name in each API.
+    for path, body in (("/v1/chat/completions", {"messages": ASK, "max_tokens": 1}),
+                       ("/v1/messages", {"messages": ASK, "max_tokens": 1}),
+                       ("/v1/responses", {"input": "Hi", "max_output_tokens": 1})):
+        status, reply = post(base, path, {**body, "separate_reasoning": "no"})
+        assert status == 400 and reply["error"]["param"] == "separate_reasoning", (path, reply)
+        status, reply = post(base, path, {**body, "separate_reasoning": False})
+        assert status == 200, (path, reply)  # the control: a boolean is served
 
 
 def test_a_template_without_reasoning_answers_as_before(live):

@@ -23,7 +23,7 @@ from exactdraft.server.tool_calls.formats import (
     format_named,
     parse_tool_calls,
 )
-from exactdraft.server.tool_calls.harmony import MARKERS
+from exactdraft.server.tool_calls.harmony import HEADER_LIMIT, MARKERS
 from exactdraft.server.tool_calls.readers import ToolCallError
 from tests.loading.test_builtin_templates import CHAT, WEATHER
 from tests.server.tool_calls.test_formats import (  # noqa: F401 (a fixture)
@@ -87,6 +87,22 @@ def test_a_text_cut_inside_a_call_drops_it():
 def test_markup_that_does_not_parse_raises_naming_the_call(text, message):
     with pytest.raises(ToolCallError, match=message):
         parse_tool_calls(text, format_named("harmony"), TOOLS)
+
+
+def test_a_header_past_the_limit_is_refused_whole_or_streamed():
+    """A <|message|> later than HEADER_LIMIT characters after the marker ends no header, however
+    the text is cut (a whole text used to read it as a call); one within the limit does."""
+    harmony = format_named("harmony")
+    head = "<|channel|>commentary to=functions.now"
+    for spaces, refused in ((HEADER_LIMIT - len("now"), False),
+                            (HEADER_LIMIT - len("now") + 1, True)):
+        text = head + " " * spaces + "<|message|>{}"
+        for pieces in ([text], list(text), [text[:200], text[200:]]):
+            if refused:
+                with pytest.raises(ToolCallError, match="no <\\|message\\|> within 256"):
+                    run(harmony, pieces)
+            else:
+                check_events(run(harmony, pieces), "", [("now", "{}")])
 
 
 HARMONY_EXPECTED = (

@@ -60,20 +60,23 @@ static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
 }
 
 /* tq1_0: chunk j's byte codes from a chunk of bytes of five trits (dot_record.h's
- * dot_load_trits): ((v * power mod 256) * 3) >> 8 of each byte v, even and odd bytes apart in
- * 16-bit lanes. */
+ * dot_load_trits): ((q * 3) >> 8 of q = v * power mod 256 for each byte v, that is
+ * [q >= 86] + [q >= 171]. A 16-bit product keeps the low byte's v * power mod 256 exact, and
+ * the high byte's once the low byte is cleared first. */
 static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
 {
-    const __m512i bytes = _mm512_loadu_si512((const void *)chunk);
-    const __m512i low_byte = _mm512_set1_epi16(0xff), multiplier = _mm512_set1_epi16((short)power);
-    const __m512i three = _mm512_set1_epi16(3);
-    __m512i even = _mm512_and_si512(_mm512_mullo_epi16(_mm512_and_si512(bytes, low_byte),
-                                                       multiplier), low_byte);
-    __m512i odd = _mm512_and_si512(_mm512_mullo_epi16(_mm512_srli_epi16(bytes, 8), multiplier),
-                                   low_byte);
-    even = _mm512_srli_epi16(_mm512_mullo_epi16(even, three), 8);
-    odd = _mm512_srli_epi16(_mm512_mullo_epi16(odd, three), 8);
-    w->code[j] = _mm512_or_si512(even, _mm512_slli_epi16(odd, 8));
+    __m512i q = _mm512_loadu_si512((const void *)chunk);
+    if (power != 1) {
+        const __m512i multiplier = _mm512_set1_epi16((short)power);
+        const __m512i low = _mm512_mullo_epi16(q, multiplier);
+        const __m512i high = _mm512_mullo_epi16(
+            _mm512_and_si512(q, _mm512_set1_epi16((short)0xff00)), multiplier);
+        q = _mm512_mask_blend_epi8(0xaaaaaaaaaaaaaaaaull, low, high);
+    }
+    const __mmask64 one = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86));
+    const __mmask64 two = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171));
+    w->code[j] = _mm512_mask_blend_epi8(two, _mm512_maskz_mov_epi8(one, _mm512_set1_epi8(1)),
+                                        _mm512_set1_epi8(2));
 }
 
 /* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it becomes the byte code
@@ -90,6 +93,50 @@ static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
     w->code[5] = _mm512_and_si512(_mm512_srli_epi32(bytes, 4), two);
     w->code[6] = _mm512_and_si512(_mm512_srli_epi32(bytes, 5), two);
     w->code[7] = _mm512_and_si512(_mm512_srli_epi32(bytes, 6), two);
+}
+
+/* q2_k and q3_k's codes (dot_k_low.h's layout) as byte codes, straight from the record: code
+ * j = 4p + t is bits 2t..2t+1 of 2-bit chunk p's bytes, plus, for q3_k, bit j of the high-bit
+ * chunk's moved to bit 2 (a 32-bit shift brings a neighbour's bits into a byte: the masks drop
+ * them). */
+#define DOT_K_LOW_PRIMITIVES
+static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks,
+                                         struct dot_codes *w)
+{
+    const __m512i low_bits = _mm512_set1_epi32(0x03030303), bit2 = _mm512_set1_epi32(0x04040404);
+    const __m512i high = format == FORMAT_Q3_K
+                             ? _mm512_loadu_si512((const void *)(chunks + 2 * DOT_CHUNK))
+                             : _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + p * DOT_CHUNK));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const int j = 4 * p + t;
+            const __m512i low = _mm512_srli_epi32(bytes, 2 * t);
+            if (format != FORMAT_Q3_K) {
+                w->code[j] = _mm512_and_si512(low, low_bits);
+                continue;
+            }
+            const __m512i moved = j < 2 ? _mm512_slli_epi32(high, 2 - j)
+                                        : _mm512_srli_epi32(high, j - 2);
+            /* (low & 3) | (moved & 4): 0xEA is a & b | c with a = low, b = 3, c = moved & 4. */
+            w->code[j] = _mm512_ternarylogic_epi32(low, low_bits, _mm512_and_si512(moved, bit2),
+                                                   0xEA);
+        }
+    }
+}
+
+/* Row lanes' byte parameters as int32 lanes: the low (shift 0) or high (4) nibble, or the
+ * signed byte. */
+static inline vi vi_lanes_nibble(const uint8_t *p, int shift)
+{
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return shift ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+}
+static inline vi vi_lanes_int8(const uint8_t *p)
+{
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 
 /* q8_0 codes stay biased (w + 128, unsigned): dot_q8 takes the bias back out exactly. */

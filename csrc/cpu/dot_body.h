@@ -83,10 +83,8 @@ static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
     const uint8_t *super = k_low_super_block(a->records, a->record_bytes, b);
     const uint8_t *block = k_low_block(format, super, b);
     k_low_parameters(format, super, a->lane0, scale, second);
-    uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
-    k_low_unpack(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, unpacked, 4 * DOT_VW);
     struct dot_codes w;
-    dot_load_u8(unpacked, &w);
+    dot_load_k_low(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, &w);
     const ptrdiff_t first = b * a->rows + a->first_row;
     /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
     dot_u8_halves(&w, q->values + first * QUANT_BLOCK,

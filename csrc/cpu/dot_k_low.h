@@ -74,6 +74,17 @@ struct k_low_scales {
 static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *block,
                                             ptrdiff_t lane0, struct k_low_scales *s)
 {
+#ifdef DOT_K_LOW_PRIMITIVES
+    if (format == FORMAT_Q2_K) {
+        s->scale[0] = vi_lanes_nibble(block + lane0, 0);
+        s->scale[1] = vi_lanes_nibble(block + lane0, 4);
+        s->minimum[0] = vi_lanes_nibble(block + DOT_GROUP + lane0, 0);
+        s->minimum[1] = vi_lanes_nibble(block + DOT_GROUP + lane0, 4);
+    } else {
+        s->scale[0] = vi_lanes_int8(block + lane0);
+        s->scale[1] = vi_lanes_int8(block + DOT_GROUP + lane0);
+    }
+#else
     int32_t lanes[4][DOT_VW];
     for (int c = 0; c < DOT_VW; c++) {
         if (format == FORMAT_Q2_K) {
@@ -93,7 +104,20 @@ static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *blo
         s->minimum[0] = vi_lanes_load(lanes[2]);
         s->minimum[1] = vi_lanes_load(lanes[3]);
     }
+#endif
 }
+
+#ifndef DOT_K_LOW_PRIMITIVES
+/* The portable decode of a part's codes (levels without their own dot_load_k_low): unpacked
+ * to bytes, then loaded as byte codes. */
+static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks,
+                                         struct dot_codes *w)
+{
+    uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
+    k_low_unpack(format, chunks, unpacked, 4 * DOT_VW);
+    dot_load_u8(unpacked, w);
+}
+#endif
 
 /* Row r's exact block sums from its halves' sums isum0, isum1: *isum = I and, for q2_k,
  * *isum1 = M from the halves' activation sums (q2_k's starts, set_dot_starts). */

@@ -127,6 +127,20 @@ static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks
     }
 }
 
+/* From this many rows on, q2_k's codes are scaled by their sub-scales once per block
+ * (dot_k_low.h's k_low_sums): each code (0..3) times its row's scale of its half (0..15), in
+ * the code's own byte of a 16-bit product (at most 45: nothing carries into the next byte). */
+#define K_LOW_SCALED_ROWS 4
+static inline void dot_scale_halves(struct dot_codes *w, vi scale0, vi scale1)
+{
+    const __m512i low = _mm512_or_si512(scale0, _mm512_slli_epi32(scale0, 16));
+    const __m512i high = _mm512_or_si512(scale1, _mm512_slli_epi32(scale1, 16));
+    for (int j = 0; j < 4; j++) {
+        w->code[j] = _mm512_mullo_epi16(w->code[j], low);
+        w->code[j + 4] = _mm512_mullo_epi16(w->code[j + 4], high);
+    }
+}
+
 /* Row lanes' byte parameters as int32 lanes: the low (shift 0) or high (4) nibble, or the
  * signed byte. */
 static inline vi vi_lanes_nibble(const uint8_t *p, int shift)

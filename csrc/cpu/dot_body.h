@@ -86,14 +86,10 @@ static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
     struct dot_codes w;
     dot_load_k_low(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, &w);
     const ptrdiff_t first = b * a->rows + a->first_row;
-    /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
-    dot_u8_halves(&w, q->values + first * QUANT_BLOCK,
-                  format == FORMAT_Q3_K ? q->starts + 2 * first : NULL, rows, isum, isum1);
     struct k_low_scales scales;
     k_low_load_scales(format, block, a->lane0, &scales);
-#pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-        k_low_combine(format, &scales, q->starts + 2 * (first + r), &isum[r], &isum1[r]);
+    k_low_sums(format, rows, &w, q->values + first * QUANT_BLOCK, q->starts + 2 * first,
+               &scales, isum, isum1);
 }
 
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)

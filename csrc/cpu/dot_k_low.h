@@ -131,6 +131,34 @@ static ALWAYS_INLINE void k_low_combine(const int format, const struct k_low_sca
                               vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
 }
 
+/* Rows' exact sums of a block whose codes are w (rows' activations at x + 32 r, their starts
+ * at starts + 2 r): *isum = I, *isum1 = M. With several rows, a level that can scales q2_k's
+ * codes by their sub-scales once (each product at most 3 * 15 fits its byte) instead of every
+ * row's two halves: the sums are the same integers. */
+static ALWAYS_INLINE void k_low_sums(const int format, const int rows, struct dot_codes *w,
+                                     const int8_t *x, const int32_t *starts,
+                                     const struct k_low_scales *s, vi *isum, vi *isum1)
+{
+#ifdef DOT_K_LOW_PRIMITIVES
+    if (format == FORMAT_Q2_K && rows >= K_LOW_SCALED_ROWS) {
+        dot_scale_halves(w, s->scale[0], s->scale[1]);
+        dot_u8_rows(w, x, NULL, rows, isum);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const int32_t *half_sums = starts + 2 * r;
+            isum1[r] = vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
+                                    vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
+        }
+        return;
+    }
+#endif
+    /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
+    dot_u8_halves(w, x, format == FORMAT_Q3_K ? starts : NULL, rows, isum, isum1);
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        k_low_combine(format, s, starts + 2 * r, &isum[r], &isum1[r]);
+}
+
 /* The lanes' super-block scale d, and for q2_k -dmin (second). */
 static ALWAYS_INLINE void k_low_parameters(const int format, const uint8_t *super,
                                            ptrdiff_t lane0, dv *scale, dv *second)

@@ -167,6 +167,24 @@ static inline __m512i broadcast_four(const int8_t *x)
     return _mm512_set1_epi32(four);
 }
 
+/* acc + code times the four activations at x in every lane, the activations read as a
+ * broadcast memory operand: gcc does not fold _mm512_set1_epi32 of a load into vpdpbusd, and
+ * a separate broadcast costs a vector operation per product on CPUs where this is bound by
+ * them (the decode-shaped matvec of the low-bit codes). */
+static ALWAYS_INLINE __m512i dpbusd_four(__m512i acc, __m512i code, const int8_t *x)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(code), "m"(*(const int32_t *)x));
+    return acc;
+}
+/* The same for a tile of `rows`: with many rows the compiler's own scheduling of the
+ * intrinsic (with its separate broadcasts) is the faster. */
+static ALWAYS_INLINE __m512i dpbusd_rows(__m512i acc, __m512i code, const int8_t *x,
+                                         const int rows)
+{
+    if (rows <= 4) return dpbusd_four(acc, code, x);
+    return _mm512_dpbusd_epi32(acc, code, broadcast_four(x));
+}
+
 /* isum[r] = starts[2 r] + the sum over the block of code * x_r for rows r < `rows`, row r's
  * activations at x + 32 r. Rows are interleaved so that independent vpdpbusd chains overlap;
  * up to 4 rows each also run two chains, added at the end. */
@@ -184,14 +202,66 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
     for (int j = 0; j < 8; j++) {
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
-            const __m512i four = broadcast_four(x + QUANT_BLOCK * r + 4 * j);
-            if (split && (j & 1)) other[r] = _mm512_dpbusd_epi32(other[r], w->code[j], four);
-            else isum[r] = _mm512_dpbusd_epi32(isum[r], w->code[j], four);
+            const int8_t *four = x + QUANT_BLOCK * r + 4 * j;
+            if (split && (j & 1)) other[r] = dpbusd_rows(other[r], w->code[j], four, rows);
+            else isum[r] = dpbusd_rows(isum[r], w->code[j], four, rows);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
         if (split) isum[r] = _mm512_add_epi32(isum[r], other[r]);
+}
+
+/* tq2_0's and q1_0's sums (dot_low_bit.h) for up to 4 rows: the codes of activations 16..31
+ * are decoded without their shift, as 16 times their value (a crumb's bits 4..5, a bit at bit
+ * 5), so one shift serves two chunks; their sums, multiples of 16, are summed apart and
+ * divided exactly. More rows take the plain decode, whose cost is shared by the rows. */
+#define DOT_LOW_BIT_ROWS
+static ALWAYS_INLINE void dot_low_bit_rows(const int format, const uint8_t *chunks,
+                                           const int8_t *x, const int32_t *starts, const int rows,
+                                           vi *isum)
+{
+    struct dot_codes w;
+    if (rows > 4) {
+        if (format == FORMAT_TQ2_0) dot_load_crumbs(chunks, &w);
+        else dot_load_signs(chunks, &w);
+        dot_rows(&w, x, starts, rows, isum);
+        return;
+    }
+    if (format == FORMAT_TQ2_0) {
+        const __m512i low = _mm512_set1_epi32(0x03030303), high = _mm512_set1_epi32(0x30303030);
+        for (int t = 0; t < 2; t++) {
+            const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+            const __m512i shifted = _mm512_srli_epi32(bytes, 2);
+            w.code[t] = _mm512_and_si512(bytes, low);
+            w.code[t + 2] = _mm512_and_si512(shifted, low);
+            w.code[t + 4] = _mm512_and_si512(bytes, high);
+            w.code[t + 6] = _mm512_and_si512(shifted, high);
+        }
+    } else {
+        const __m512i bytes = _mm512_loadu_si512((const void *)chunks);
+        const __m512i low = _mm512_set1_epi32(0x02020202), high = _mm512_set1_epi32(0x20202020);
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+            const __m512i shifted = s == 0   ? _mm512_slli_epi32(bytes, 1)
+                                    : s == 1 ? bytes
+                                             : _mm512_srli_epi32(bytes, s - 1);
+            w.code[s] = _mm512_and_si512(shifted, low);
+            w.code[s + 4] = _mm512_and_si512(shifted, high);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) {
+        const int8_t *row = x + QUANT_BLOCK * r;
+        __m512i first = _mm512_set1_epi32(start_at(starts, 2 * r));
+        __m512i second = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            first = dpbusd_four(first, w.code[j], row + 4 * j);
+            second = dpbusd_four(second, w.code[j + 4], row + 16 + 4 * j);
+        }
+        isum[r] = _mm512_add_epi32(first, _mm512_srai_epi32(second, 4));
+    }
 }
 
 /* isum0[r] = starts[2 r] + the sum over the block's activations 0..15 of code * x_r, isum1[r]
@@ -210,9 +280,8 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
             const int8_t *row = x + QUANT_BLOCK * r;
-            isum0[r] = _mm512_dpbusd_epi32(isum0[r], w->code[j], broadcast_four(row + 4 * j));
-            isum1[r] = _mm512_dpbusd_epi32(isum1[r], w->code[j + 4],
-                                           broadcast_four(row + 16 + 4 * j));
+            isum0[r] = dpbusd_rows(isum0[r], w->code[j], row + 4 * j, rows);
+            isum1[r] = dpbusd_rows(isum1[r], w->code[j + 4], row + 16 + 4 * j, rows);
         }
     }
 }

@@ -132,14 +132,14 @@ static ALWAYS_INLINE void k_low_combine(const int format, const struct k_low_sca
 }
 
 /* Rows' exact sums of a block whose codes are w (rows' activations at x + 32 r, their starts
- * at starts + 2 r): *isum = I, *isum1 = M. With several rows, a level that can scales q2_k's
- * codes by their sub-scales once (each product at most 3 * 15 fits its byte) instead of every
- * row's two halves: the sums are the same integers. */
+ * at starts + 2 r): *isum = I, *isum1 = M. From K_LOW_SCALED_ROWS rows on (a level that
+ * defines it), q2_k's codes are scaled by their sub-scales once (each product at most 3 * 15
+ * fits its byte) instead of every row's two halves: the sums are the same integers. */
 static ALWAYS_INLINE void k_low_sums(const int format, const int rows, struct dot_codes *w,
                                      const int8_t *x, const int32_t *starts,
                                      const struct k_low_scales *s, vi *isum, vi *isum1)
 {
-#ifdef DOT_K_LOW_PRIMITIVES
+#ifdef K_LOW_SCALED_ROWS
     if (format == FORMAT_Q2_K && rows >= K_LOW_SCALED_ROWS) {
         dot_scale_halves(w, s->scale[0], s->scale[1]);
         dot_u8_rows(w, x, NULL, rows, isum);

@@ -60,9 +60,9 @@ static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
 }
 
 /* tq1_0: chunk j's byte codes from a chunk of bytes of five trits (dot_record.h's
- * dot_load_trits): ((q * 3) >> 8 of q = v * power mod 256 for each byte v, that is
- * [q >= 86] + [q >= 171]. A 16-bit product keeps the low byte's v * power mod 256 exact, and
- * the high byte's once the low byte is cleared first. */
+ * dot_load_trits): (q * 3) >> 8 of q = v * power mod 256 for each byte v, that is
+ * [q >= 86] + [q >= 171]. A 16-bit product keeps the low byte's q exact, and the high
+ * byte's once the low byte is cleared first. */
 static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
 {
     __m512i q = _mm512_loadu_si512((const void *)chunk);
@@ -73,10 +73,10 @@ static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct
             _mm512_and_si512(q, _mm512_set1_epi16((short)0xff00)), multiplier);
         q = _mm512_mask_blend_epi8(0xaaaaaaaaaaaaaaaaull, low, high);
     }
-    const __mmask64 one = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86));
-    const __mmask64 two = _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171));
-    w->code[j] = _mm512_mask_blend_epi8(two, _mm512_maskz_mov_epi8(one, _mm512_set1_epi8(1)),
-                                        _mm512_set1_epi8(2));
+    const __m512i one = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86)),
+                                              _mm512_set1_epi8(1));
+    w->code[j] = _mm512_mask_blend_epi8(_mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171)),
+                                        one, _mm512_set1_epi8(2));
 }
 
 /* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it becomes the byte code
@@ -173,8 +173,12 @@ static inline __m512i broadcast_four(const int8_t *x)
  * them (the decode-shaped matvec of the low-bit codes). */
 static ALWAYS_INLINE __m512i dpbusd_four(__m512i acc, __m512i code, const int8_t *x)
 {
+#if defined(EXACTDRAFT_EMULATE_X86)
+    return _mm512_dpbusd_epi32(acc, code, broadcast_four(x));
+#else
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(code), "m"(*(const int32_t *)x));
     return acc;
+#endif
 }
 /* The same for a tile of `rows`: with many rows the compiler's own scheduling of the
  * intrinsic (with its separate broadcasts) is the faster. */
@@ -250,17 +254,20 @@ static ALWAYS_INLINE void dot_low_bit_rows(const int format, const uint8_t *chun
             w.code[s + 4] = _mm512_and_si512(shifted, high);
         }
     }
+    /* `second` sums 16 S with |S| <= 16 * 3 * 127 < 8192: started at 16 * 8192 it stays a
+     * positive multiple of 16, which a logical shift divides exactly; `first` takes 8192 back
+     * (no arithmetic shift: the emulated build's SIMDe lacks the 512-bit one). */
 #pragma GCC unroll 4
     for (int r = 0; r < rows; r++) {
         const int8_t *row = x + QUANT_BLOCK * r;
-        __m512i first = _mm512_set1_epi32(start_at(starts, 2 * r));
-        __m512i second = _mm512_setzero_si512();
+        __m512i first = _mm512_set1_epi32(start_at(starts, 2 * r) - 8192);
+        __m512i second = _mm512_set1_epi32(16 * 8192);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             first = dpbusd_four(first, w.code[j], row + 4 * j);
             second = dpbusd_four(second, w.code[j + 4], row + 16 + 4 * j);
         }
-        isum[r] = _mm512_add_epi32(first, _mm512_srai_epi32(second, 4));
+        isum[r] = _mm512_add_epi32(first, _mm512_srli_epi32(second, 4));
     }
 }
 

@@ -16,7 +16,8 @@
  *
  * Invariant: a block's sums are exact integers (|I| < 2^20): q2_k's I = sc0 isum0 + sc1 isum1
  * and M = m0 sum(x, 0..15) + m1 sum(x, 16..31), q3_k's I = s0 isum0 + s1 isum1 with the
- * halves' offset 4 taken out by the starts, formed in int32 lanes by every level alike; the
+ * halves' offset 4 taken out by the starts, formed exactly in int32 lanes by every level (a
+ * level may scale q2_k's codes by their sub-scales first: the same integers); the
  * float epilogue is dot_record.h's (q2_k as q6_k's two terms with scales d and -dmin, q3_k
  * as one term with scale d), so the bits depend on K and the values only.
  */

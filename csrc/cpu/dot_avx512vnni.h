@@ -216,43 +216,28 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
         if (split) isum[r] = _mm512_add_epi32(isum[r], other[r]);
 }
 
-/* tq2_0's and q1_0's sums (dot_low_bit.h) for up to 4 rows: the codes of activations 16..31
- * are decoded without their shift, as 16 times their value (a crumb's bits 4..5, a bit at bit
- * 5), so one shift serves two chunks; their sums, multiples of 16, are summed apart and
- * divided exactly. More rows take the plain decode, whose cost is shared by the rows. */
-#define DOT_LOW_BIT_ROWS
-static ALWAYS_INLINE void dot_low_bit_rows(const int format, const uint8_t *chunks,
-                                           const int8_t *x, const int32_t *starts, const int rows,
-                                           vi *isum)
+/* tq2_0's sums (dot_low_bit.h) for up to 4 rows: the crumbs of activations 16..31 (bits 4..5
+ * of their bytes) are decoded without their shift, as 16 times their value, so one shift
+ * serves two chunks; their sums, multiples of 16, are summed apart and divided exactly. More
+ * rows take the plain decode, whose cost is shared by the rows. */
+#define DOT_CRUMB_ROWS
+static ALWAYS_INLINE void dot_crumb_rows(const uint8_t *chunks, const int8_t *x,
+                                         const int32_t *starts, const int rows, vi *isum)
 {
     struct dot_codes w;
     if (rows > 4) {
-        if (format == FORMAT_TQ2_0) dot_load_crumbs(chunks, &w);
-        else dot_load_signs(chunks, &w);
+        dot_load_crumbs(chunks, &w);
         dot_rows(&w, x, starts, rows, isum);
         return;
     }
-    if (format == FORMAT_TQ2_0) {
-        const __m512i low = _mm512_set1_epi32(0x03030303), high = _mm512_set1_epi32(0x30303030);
-        for (int t = 0; t < 2; t++) {
-            const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
-            const __m512i shifted = _mm512_srli_epi32(bytes, 2);
-            w.code[t] = _mm512_and_si512(bytes, low);
-            w.code[t + 2] = _mm512_and_si512(shifted, low);
-            w.code[t + 4] = _mm512_and_si512(bytes, high);
-            w.code[t + 6] = _mm512_and_si512(shifted, high);
-        }
-    } else {
-        const __m512i bytes = _mm512_loadu_si512((const void *)chunks);
-        const __m512i low = _mm512_set1_epi32(0x02020202), high = _mm512_set1_epi32(0x20202020);
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-            const __m512i shifted = s == 0   ? _mm512_slli_epi32(bytes, 1)
-                                    : s == 1 ? bytes
-                                             : _mm512_srli_epi32(bytes, s - 1);
-            w.code[s] = _mm512_and_si512(shifted, low);
-            w.code[s + 4] = _mm512_and_si512(shifted, high);
-        }
+    const __m512i low = _mm512_set1_epi32(0x03030303), high = _mm512_set1_epi32(0x30303030);
+    for (int t = 0; t < 2; t++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+        const __m512i shifted = _mm512_srli_epi32(bytes, 2);
+        w.code[t] = _mm512_and_si512(bytes, low);
+        w.code[t + 2] = _mm512_and_si512(shifted, low);
+        w.code[t + 4] = _mm512_and_si512(bytes, high);
+        w.code[t + 6] = _mm512_and_si512(shifted, high);
     }
     /* `second` sums 16 S with |S| <= 16 * 3 * 127 < 8192: started at 16 * 8192 it stays a
      * positive multiple of 16, which a logical shift divides exactly; `first` takes 8192 back

@@ -142,10 +142,13 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
         } else if (format == FORMAT_Q6_K) {
             dot_load_u8(codes + 4 * a->lane0, &w);
             dot_u8_halves(&w, x, starts, rows, isum, isum1);
-        } else if (CRUMB_CODES(format) || SIGN_CODES(format)) {
-            dot_low_bit_rows(format, codes + 4 * a->lane0, x, starts, rows, isum);
+        } else if (CRUMB_CODES(format)) {
+            dot_crumb_rows(codes + 4 * a->lane0, x, starts, rows, isum);
         } else if (TRIT_CODES(format)) {
             dot_load_trits(codes + 4 * a->lane0, (int)(b % 8), &w);
+            dot_u8_rows(&w, x, starts, rows, isum);
+        } else if (SIGN_CODES(format)) {
+            dot_load_signs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
         } else {
             dot_load_u8(codes + 4 * a->lane0, &w);

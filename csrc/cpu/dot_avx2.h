@@ -95,6 +95,62 @@ static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
     w->code[7] = _mm256_and_si256(_mm256_srli_epi16(bytes, 6), two);
 }
 
+/* q2_k and q3_k's codes (dot_k_low.h's layout) as byte codes, straight from the record: code
+ * j = 4p + t is bits 2t..2t+1 of 2-bit chunk p's bytes, plus, for q3_k, bit j of the high-bit
+ * chunk's moved to bit 2 (a 16-bit shift brings a neighbour's bits into a byte: the masks drop
+ * them). */
+#define DOT_K_LOW_PRIMITIVES
+static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks,
+                                         struct dot_codes *w)
+{
+    const __m256i low_bits = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    const __m256i high = format == FORMAT_Q3_K
+                             ? _mm256_loadu_si256((const __m256i *)(chunks + 2 * DOT_CHUNK))
+                             : _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(chunks + p * DOT_CHUNK));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const int j = 4 * p + t;
+            __m256i code = _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * t), low_bits);
+            if (format == FORMAT_Q3_K) {
+                const __m256i moved = j < 2 ? _mm256_slli_epi16(high, 2 - j)
+                                            : _mm256_srli_epi16(high, j - 2);
+                code = _mm256_or_si256(code, _mm256_and_si256(moved, bit2));
+            }
+            w->code[j] = code;
+        }
+    }
+}
+
+/* From this many rows on, q2_k's codes are scaled by their sub-scales once per block
+ * (dot_k_low.h's k_low_sums): each code (0..3) times its row's scale of its half (0..15), in
+ * the code's own byte of a 16-bit product (at most 45: nothing carries into the next byte, and
+ * u8_chunks' int16 pairs stay below 32768). */
+#define K_LOW_SCALED_ROWS 4
+static inline void dot_scale_halves(struct dot_codes *w, vi scale0, vi scale1)
+{
+    const __m256i low = _mm256_or_si256(scale0, _mm256_slli_epi32(scale0, 16));
+    const __m256i high = _mm256_or_si256(scale1, _mm256_slli_epi32(scale1, 16));
+    for (int j = 0; j < 4; j++) {
+        w->code[j] = _mm256_mullo_epi16(w->code[j], low);
+        w->code[j + 4] = _mm256_mullo_epi16(w->code[j + 4], high);
+    }
+}
+
+/* Row lanes' byte parameters as int32 lanes: the low (shift 0) or high (4) nibble, or the
+ * signed byte. */
+static inline vi vi_lanes_nibble(const uint8_t *p, int shift)
+{
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return shift ? _mm256_srli_epi32(bytes, 4) : _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+}
+static inline vi vi_lanes_int8(const uint8_t *p)
+{
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
 /* q8_0 codes are read (and made signed) by dot_q8_rows as it goes. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w) { w->chunks = chunks; }
 

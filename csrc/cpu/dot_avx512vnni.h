@@ -60,20 +60,23 @@ static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)
 }
 
 /* tq1_0: chunk j's byte codes from a chunk of bytes of five trits (dot_record.h's
- * dot_load_trits): ((v * power mod 256) * 3) >> 8 of each byte v, even and odd bytes apart in
- * 16-bit lanes. */
+ * dot_load_trits): (q * 3) >> 8 of q = v * power mod 256 for each byte v, that is
+ * [q >= 86] + [q >= 171]. A 16-bit product keeps the low byte's q exact, and the high
+ * byte's once the low byte is cleared first. */
 static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct dot_codes *w)
 {
-    const __m512i bytes = _mm512_loadu_si512((const void *)chunk);
-    const __m512i low_byte = _mm512_set1_epi16(0xff), multiplier = _mm512_set1_epi16((short)power);
-    const __m512i three = _mm512_set1_epi16(3);
-    __m512i even = _mm512_and_si512(_mm512_mullo_epi16(_mm512_and_si512(bytes, low_byte),
-                                                       multiplier), low_byte);
-    __m512i odd = _mm512_and_si512(_mm512_mullo_epi16(_mm512_srli_epi16(bytes, 8), multiplier),
-                                   low_byte);
-    even = _mm512_srli_epi16(_mm512_mullo_epi16(even, three), 8);
-    odd = _mm512_srli_epi16(_mm512_mullo_epi16(odd, three), 8);
-    w->code[j] = _mm512_or_si512(even, _mm512_slli_epi16(odd, 8));
+    __m512i q = _mm512_loadu_si512((const void *)chunk);
+    if (power != 1) {
+        const __m512i multiplier = _mm512_set1_epi16((short)power);
+        const __m512i low = _mm512_mullo_epi16(q, multiplier);
+        const __m512i high = _mm512_mullo_epi16(
+            _mm512_and_si512(q, _mm512_set1_epi16((short)0xff00)), multiplier);
+        q = _mm512_mask_blend_epi8(0xaaaaaaaaaaaaaaaaull, low, high);
+    }
+    const __m512i one = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86)),
+                                              _mm512_set1_epi8(1));
+    w->code[j] = _mm512_mask_blend_epi8(_mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171)),
+                                        one, _mm512_set1_epi8(2));
 }
 
 /* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it becomes the byte code
@@ -92,6 +95,64 @@ static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
     w->code[7] = _mm512_and_si512(_mm512_srli_epi32(bytes, 6), two);
 }
 
+/* q2_k and q3_k's codes (dot_k_low.h's layout) as byte codes, straight from the record: code
+ * j = 4p + t is bits 2t..2t+1 of 2-bit chunk p's bytes, plus, for q3_k, bit j of the high-bit
+ * chunk's moved to bit 2 (a 32-bit shift brings a neighbour's bits into a byte: the masks drop
+ * them). */
+#define DOT_K_LOW_PRIMITIVES
+static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks,
+                                         struct dot_codes *w)
+{
+    const __m512i low_bits = _mm512_set1_epi32(0x03030303), bit2 = _mm512_set1_epi32(0x04040404);
+    const __m512i high = format == FORMAT_Q3_K
+                             ? _mm512_loadu_si512((const void *)(chunks + 2 * DOT_CHUNK))
+                             : _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + p * DOT_CHUNK));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const int j = 4 * p + t;
+            const __m512i low = _mm512_srli_epi32(bytes, 2 * t);
+            if (format != FORMAT_Q3_K) {
+                w->code[j] = _mm512_and_si512(low, low_bits);
+                continue;
+            }
+            const __m512i moved = j < 2 ? _mm512_slli_epi32(high, 2 - j)
+                                        : _mm512_srli_epi32(high, j - 2);
+            /* (low & 3) | (moved & 4): 0xEA is a & b | c with a = low, b = 3, c = moved & 4. */
+            w->code[j] = _mm512_ternarylogic_epi32(low, low_bits, _mm512_and_si512(moved, bit2),
+                                                   0xEA);
+        }
+    }
+}
+
+/* From this many rows on, q2_k's codes are scaled by their sub-scales once per block
+ * (dot_k_low.h's k_low_sums): each code (0..3) times its row's scale of its half (0..15), in
+ * the code's own byte of a 16-bit product (at most 45: nothing carries into the next byte). */
+#define K_LOW_SCALED_ROWS 4
+static inline void dot_scale_halves(struct dot_codes *w, vi scale0, vi scale1)
+{
+    const __m512i low = _mm512_or_si512(scale0, _mm512_slli_epi32(scale0, 16));
+    const __m512i high = _mm512_or_si512(scale1, _mm512_slli_epi32(scale1, 16));
+    for (int j = 0; j < 4; j++) {
+        w->code[j] = _mm512_mullo_epi16(w->code[j], low);
+        w->code[j + 4] = _mm512_mullo_epi16(w->code[j + 4], high);
+    }
+}
+
+/* Row lanes' byte parameters as int32 lanes: the low (shift 0) or high (4) nibble, or the
+ * signed byte. */
+static inline vi vi_lanes_nibble(const uint8_t *p, int shift)
+{
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return shift ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+}
+static inline vi vi_lanes_int8(const uint8_t *p)
+{
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
 /* q8_0 codes stay biased (w + 128, unsigned): dot_q8 takes the bias back out exactly. */
 static inline void dot_load_q8(const uint8_t *chunks, struct dot_codes *w)
 {
@@ -104,6 +165,28 @@ static inline __m512i broadcast_four(const int8_t *x)
     int32_t four;
     memcpy(&four, x, sizeof four);
     return _mm512_set1_epi32(four);
+}
+
+/* acc + code times the four activations at x in every lane, the activations read as a
+ * broadcast memory operand: gcc does not fold _mm512_set1_epi32 of a load into vpdpbusd, and
+ * a separate broadcast costs a vector operation per product on CPUs where this is bound by
+ * them (the decode-shaped matvec of the low-bit codes). */
+static ALWAYS_INLINE __m512i dpbusd_four(__m512i acc, __m512i code, const int8_t *x)
+{
+#if defined(EXACTDRAFT_EMULATE_X86)
+    return _mm512_dpbusd_epi32(acc, code, broadcast_four(x));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(code), "m"(*(const int32_t *)x));
+    return acc;
+#endif
+}
+/* The same for a tile of `rows`: with many rows the compiler's own scheduling of the
+ * intrinsic (with its separate broadcasts) is the faster. */
+static ALWAYS_INLINE __m512i dpbusd_rows(__m512i acc, __m512i code, const int8_t *x,
+                                         const int rows)
+{
+    if (rows <= 4) return dpbusd_four(acc, code, x);
+    return _mm512_dpbusd_epi32(acc, code, broadcast_four(x));
 }
 
 /* isum[r] = starts[2 r] + the sum over the block of code * x_r for rows r < `rows`, row r's
@@ -123,14 +206,54 @@ static ALWAYS_INLINE void dot_rows(const struct dot_codes *w, const int8_t *x,
     for (int j = 0; j < 8; j++) {
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
-            const __m512i four = broadcast_four(x + QUANT_BLOCK * r + 4 * j);
-            if (split && (j & 1)) other[r] = _mm512_dpbusd_epi32(other[r], w->code[j], four);
-            else isum[r] = _mm512_dpbusd_epi32(isum[r], w->code[j], four);
+            const int8_t *four = x + QUANT_BLOCK * r + 4 * j;
+            if (split && (j & 1)) other[r] = dpbusd_rows(other[r], w->code[j], four, rows);
+            else isum[r] = dpbusd_rows(isum[r], w->code[j], four, rows);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
         if (split) isum[r] = _mm512_add_epi32(isum[r], other[r]);
+}
+
+/* tq2_0's sums (dot_low_bit.h) for up to 4 rows: the crumbs of activations 16..31 (bits 4..5
+ * of their bytes) are decoded without their shift, as 16 times their value, so one shift
+ * serves two chunks; their sums, multiples of 16, are summed apart and divided exactly. More
+ * rows take the plain decode, whose cost is shared by the rows. */
+#define DOT_CRUMB_ROWS
+static ALWAYS_INLINE void dot_crumb_rows(const uint8_t *chunks, const int8_t *x,
+                                         const int32_t *starts, const int rows, vi *isum)
+{
+    struct dot_codes w;
+    if (rows > 4) {
+        dot_load_crumbs(chunks, &w);
+        dot_rows(&w, x, starts, rows, isum);
+        return;
+    }
+    const __m512i low = _mm512_set1_epi32(0x03030303), high = _mm512_set1_epi32(0x30303030);
+    for (int t = 0; t < 2; t++) {
+        const __m512i bytes = _mm512_loadu_si512((const void *)(chunks + t * DOT_CHUNK));
+        const __m512i shifted = _mm512_srli_epi32(bytes, 2);
+        w.code[t] = _mm512_and_si512(bytes, low);
+        w.code[t + 2] = _mm512_and_si512(shifted, low);
+        w.code[t + 4] = _mm512_and_si512(bytes, high);
+        w.code[t + 6] = _mm512_and_si512(shifted, high);
+    }
+    /* `second` sums 16 S with |S| <= 16 * 3 * 127 < 8192: started at 16 * 8192 it stays a
+     * positive multiple of 16, which a logical shift divides exactly; `first` takes 8192 back
+     * (no arithmetic shift: the emulated build's SIMDe lacks the 512-bit one). */
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) {
+        const int8_t *row = x + QUANT_BLOCK * r;
+        __m512i first = _mm512_set1_epi32(start_at(starts, 2 * r) - 8192);
+        __m512i second = _mm512_set1_epi32(16 * 8192);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            first = dpbusd_four(first, w.code[j], row + 4 * j);
+            second = dpbusd_four(second, w.code[j + 4], row + 16 + 4 * j);
+        }
+        isum[r] = _mm512_add_epi32(first, _mm512_srli_epi32(second, 4));
+    }
 }
 
 /* isum0[r] = starts[2 r] + the sum over the block's activations 0..15 of code * x_r, isum1[r]
@@ -149,9 +272,8 @@ static ALWAYS_INLINE void dot_u8_halves(const struct dot_codes *w, const int8_t 
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
             const int8_t *row = x + QUANT_BLOCK * r;
-            isum0[r] = _mm512_dpbusd_epi32(isum0[r], w->code[j], broadcast_four(row + 4 * j));
-            isum1[r] = _mm512_dpbusd_epi32(isum1[r], w->code[j + 4],
-                                           broadcast_four(row + 16 + 4 * j));
+            isum0[r] = dpbusd_rows(isum0[r], w->code[j], row + 4 * j, rows);
+            isum1[r] = dpbusd_rows(isum1[r], w->code[j + 4], row + 16 + 4 * j, rows);
         }
     }
 }

@@ -74,6 +74,7 @@ struct dot_args {
 
 #include "dot_record.h"
 #include "dot_k_low.h"
+#include "dot_low_bit.h"
 
 /* q2_k and q3_k's block b (dot_k_low.h): its parameters and each row's exact sums. */
 static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
@@ -84,19 +85,13 @@ static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
     const uint8_t *super = k_low_super_block(a->records, a->record_bytes, b);
     const uint8_t *block = k_low_block(format, super, b);
     k_low_parameters(format, super, a->lane0, scale, second);
-    uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
-    k_low_unpack(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, unpacked, 4 * DOT_VW);
     struct dot_codes w;
-    dot_load_u8(unpacked, &w);
+    dot_load_k_low(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, &w);
     const ptrdiff_t first = b * a->rows + a->first_row;
-    /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
-    dot_u8_halves(&w, q->values + first * QUANT_BLOCK,
-                  format == FORMAT_Q3_K ? q->starts + 2 * first : NULL, rows, isum, isum1);
     struct k_low_scales scales;
     k_low_load_scales(format, block, a->lane0, &scales);
-#pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-        k_low_combine(format, &scales, q->starts + 2 * (first + r), &isum[r], &isum1[r]);
+    k_low_sums(format, rows, &w, q->values + first * QUANT_BLOCK, q->starts + 2 * first,
+               &scales, isum, isum1);
 }
 
 static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struct dot_args *a)
@@ -146,8 +141,7 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
             dot_load_q8(codes + 4 * a->lane0, &w);
             dot_q8_rows(&w, x, starts, rows, isum);
         } else if (CRUMB_CODES(format)) {
-            dot_load_crumbs(codes + 4 * a->lane0, &w);
-            dot_u8_rows(&w, x, starts, rows, isum);
+            dot_crumb_rows(codes + 4 * a->lane0, x, starts, rows, isum);
         } else if (TRIT_CODES(format)) {
             dot_load_trits(codes + 4 * a->lane0, (int)(b % 8), &w);
             dot_u8_rows(&w, x, starts, rows, isum);

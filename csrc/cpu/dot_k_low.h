@@ -16,7 +16,8 @@
  *
  * Invariant: a block's sums are exact integers (|I| < 2^20): q2_k's I = sc0 isum0 + sc1 isum1
  * and M = m0 sum(x, 0..15) + m1 sum(x, 16..31), q3_k's I = s0 isum0 + s1 isum1 with the
- * halves' offset 4 taken out by the starts, formed in int32 lanes by every level alike; the
+ * halves' offset 4 taken out by the starts, formed exactly in int32 lanes by every level (a
+ * level may scale q2_k's codes by their sub-scales first: the same integers); the
  * float epilogue is dot_record.h's (q2_k as q6_k's two terms with scales d and -dmin, q3_k
  * as one term with scale d), so the bits depend on K and the values only.
  */
@@ -74,6 +75,17 @@ struct k_low_scales {
 static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *block,
                                             ptrdiff_t lane0, struct k_low_scales *s)
 {
+#ifdef DOT_K_LOW_PRIMITIVES
+    if (format == FORMAT_Q2_K) {
+        s->scale[0] = vi_lanes_nibble(block + lane0, 0);
+        s->scale[1] = vi_lanes_nibble(block + lane0, 4);
+        s->minimum[0] = vi_lanes_nibble(block + DOT_GROUP + lane0, 0);
+        s->minimum[1] = vi_lanes_nibble(block + DOT_GROUP + lane0, 4);
+    } else {
+        s->scale[0] = vi_lanes_int8(block + lane0);
+        s->scale[1] = vi_lanes_int8(block + DOT_GROUP + lane0);
+    }
+#else
     int32_t lanes[4][DOT_VW];
     for (int c = 0; c < DOT_VW; c++) {
         if (format == FORMAT_Q2_K) {
@@ -93,7 +105,20 @@ static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *blo
         s->minimum[0] = vi_lanes_load(lanes[2]);
         s->minimum[1] = vi_lanes_load(lanes[3]);
     }
+#endif
 }
+
+#ifndef DOT_K_LOW_PRIMITIVES
+/* The portable decode of a part's codes (levels without their own dot_load_k_low): unpacked
+ * to bytes, then loaded as byte codes. */
+static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks,
+                                         struct dot_codes *w)
+{
+    uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
+    k_low_unpack(format, chunks, unpacked, 4 * DOT_VW);
+    dot_load_u8(unpacked, w);
+}
+#endif
 
 /* Row r's exact block sums from its halves' sums isum0, isum1: *isum = I and, for q2_k,
  * *isum1 = M from the halves' activation sums (q2_k's starts, set_dot_starts). */
@@ -105,6 +130,34 @@ static ALWAYS_INLINE void k_low_combine(const int format, const struct k_low_sca
     if (format == FORMAT_Q2_K)
         *isum1 = vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
                               vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
+}
+
+/* Rows' exact sums of a block whose codes are w (rows' activations at x + 32 r, their starts
+ * at starts + 2 r): *isum = I, *isum1 = M. From K_LOW_SCALED_ROWS rows on (a level that
+ * defines it), q2_k's codes are scaled by their sub-scales once (each product at most 3 * 15
+ * fits its byte) instead of every row's two halves: the sums are the same integers. */
+static ALWAYS_INLINE void k_low_sums(const int format, const int rows, struct dot_codes *w,
+                                     const int8_t *x, const int32_t *starts,
+                                     const struct k_low_scales *s, vi *isum, vi *isum1)
+{
+#ifdef K_LOW_SCALED_ROWS
+    if (format == FORMAT_Q2_K && rows >= K_LOW_SCALED_ROWS) {
+        dot_scale_halves(w, s->scale[0], s->scale[1]);
+        dot_u8_rows(w, x, NULL, rows, isum);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const int32_t *half_sums = starts + 2 * r;
+            isum1[r] = vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
+                                    vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
+        }
+        return;
+    }
+#endif
+    /* q3_k's starts take the halves' offset 4 out; q2_k's are its halves' activation sums. */
+    dot_u8_halves(w, x, format == FORMAT_Q3_K ? starts : NULL, rows, isum, isum1);
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        k_low_combine(format, s, starts + 2 * r, &isum[r], &isum1[r]);
 }
 
 /* The lanes' super-block scale d, and for q2_k -dmin (second). */

@@ -82,6 +82,46 @@ static inline void dot_trit_chunk(const uint8_t *chunk, int power, int j, struct
         vshrq_n_u16(vmulq_n_u16(vmovl_u8(vget_high_u8(shifted)), 3), 8));
 }
 
+/* q2_k and q3_k's codes (dot_k_low.h's layout), widened straight from the record: code
+ * j = 4p + t is bits 2t..2t+1 of 2-bit chunk p's bytes, plus, for q3_k, bit j of the high-bit
+ * chunk's moved to bit 2. */
+#define DOT_K_LOW_PRIMITIVES
+static inline void dot_load_k_low(const int format, const uint8_t *chunks, struct dot_codes *w)
+{
+    const uint8x16_t low_bits = vdupq_n_u8(3), bit2 = vdupq_n_u8(4);
+    const uint8x16_t high = format == FORMAT_Q3_K ? vld1q_u8(chunks + 2 * DOT_CHUNK)
+                                                  : vdupq_n_u8(0);
+    for (int p = 0; p < 2; p++) {
+        const uint8x16_t bytes = vld1q_u8(chunks + p * DOT_CHUNK);
+        for (int t = 0; t < 4; t++) {
+            const int j = 4 * p + t;
+            uint8x16_t code = vandq_u8(vshlq_u8(bytes, vdupq_n_s8((int8_t)(-2 * t))), low_bits);
+            if (format == FORMAT_Q3_K)
+                code = vorrq_u8(code, vandq_u8(vshlq_u8(high, vdupq_n_s8((int8_t)(2 - j))), bit2));
+            widen_unsigned(code, w->code[j]);
+        }
+    }
+}
+
+/* Row lanes' byte parameters as int32 lanes: the low (shift 0) or high (4) nibble, or the
+ * signed byte. */
+static inline uint8x8_t four_bytes(const uint8_t *p)
+{
+    uint32_t four;
+    memcpy(&four, p, sizeof four);
+    return vreinterpret_u8_u32(vdup_n_u32(four));
+}
+static inline vi vi_lanes_nibble(const uint8_t *p, int shift)
+{
+    const uint32x4_t bytes = vmovl_u16(vget_low_u16(vmovl_u8(four_bytes(p))));
+    return vreinterpretq_s32_u32(shift ? vshrq_n_u32(bytes, 4)
+                                       : vandq_u32(bytes, vdupq_n_u32(15)));
+}
+static inline vi vi_lanes_int8(const uint8_t *p)
+{
+    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(four_bytes(p)))));
+}
+
 /* q1_0's bits: bit s of a row's byte i pairs with activation 4s + i; it widens as 2 * bit. */
 static inline void dot_load_signs(const uint8_t *chunks, struct dot_codes *w)
 {

@@ -49,6 +49,48 @@ static inline void dot_load_u8(const uint8_t *chunks, struct dot_codes *w)
         w->code[j] = _mm256_loadu_si256((const __m256i *)(chunks + j * DOT_CHUNK));
 }
 
+/* 5- and 6-bit codes (dot_layout.h): the nibble chunks' low 4 bits, or'ed with bit 4 (q5) or
+ * bits 4..5 (q6_k) of each code, moved within its byte from the high chunk(s) (the mask drops
+ * what a shift brings from a neighbouring byte). */
+#define DOT_LOAD_HIGH 1
+static inline __m256i or_masked(__m256i a, __m256i b, __m256i mask)
+{
+    return _mm256_or_si256(a, _mm256_and_si256(b, mask));
+}
+
+static inline void dot_load_high(const int format, const uint8_t *chunks, struct dot_codes *w)
+{
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    for (int t = 0; t < 4; t++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(chunks + t * DOT_CHUNK));
+        w->code[t] = _mm256_and_si256(bytes, nibble);
+        w->code[t + 4] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    }
+    const uint8_t *high = chunks + 4 * DOT_CHUNK;
+    if (format == FORMAT_Q6_K) {
+        const __m256i mask = _mm256_set1_epi8(0x30);
+        for (int p = 0; p < 2; p++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(high + p * DOT_CHUNK));
+            __m256i *code = w->code + 4 * p;
+            code[0] = or_masked(code[0], _mm256_slli_epi16(bits, 4), mask);
+            code[1] = or_masked(code[1], _mm256_slli_epi16(bits, 2), mask);
+            code[2] = or_masked(code[2], bits, mask);
+            code[3] = or_masked(code[3], _mm256_srli_epi16(bits, 2), mask);
+        }
+        return;
+    }
+    const __m256i mask = _mm256_set1_epi8(0x10);
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)high);
+    w->code[0] = or_masked(w->code[0], _mm256_slli_epi16(bits, 4), mask);
+    w->code[1] = or_masked(w->code[1], _mm256_slli_epi16(bits, 3), mask);
+    w->code[2] = or_masked(w->code[2], _mm256_slli_epi16(bits, 2), mask);
+    w->code[3] = or_masked(w->code[3], _mm256_slli_epi16(bits, 1), mask);
+    w->code[4] = or_masked(w->code[4], bits, mask);
+    w->code[5] = or_masked(w->code[5], _mm256_srli_epi16(bits, 1), mask);
+    w->code[6] = or_masked(w->code[6], _mm256_srli_epi16(bits, 2), mask);
+    w->code[7] = or_masked(w->code[7], _mm256_srli_epi16(bits, 3), mask);
+}
+
 /* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
  * 2s..2s+1 are the codes paired with activations 8s+4t..; they become byte codes 0..3. */
 static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)

@@ -45,6 +45,39 @@ static inline void dot_load_q4(const uint8_t *chunks, struct dot_codes *w)
     }
 }
 
+/* 5- and 6-bit codes (dot_layout.h): the nibble chunks' low 4 bits, or'ed with bit 4 (q5) or
+ * bits 4..5 (q6_k) of each code, moved within its byte from the high chunk(s) (the mask drops
+ * what a shift brings from a neighbouring byte); one shift and one ternary logic per chunk. */
+#define DOT_LOAD_HIGH 1
+static inline void dot_load_high(const int format, const uint8_t *chunks, struct dot_codes *w)
+{
+    dot_load_q4(chunks, w);
+    const uint8_t *high = chunks + 4 * DOT_CHUNK;
+    /* 0xF8: a | (b & c) */
+    if (format == FORMAT_Q6_K) {
+        const __m512i mask = _mm512_set1_epi32(0x30303030);
+        for (int p = 0; p < 2; p++) {
+            const __m512i bits = _mm512_loadu_si512((const void *)(high + p * DOT_CHUNK));
+            __m512i *code = w->code + 4 * p;
+            code[0] = _mm512_ternarylogic_epi32(code[0], _mm512_slli_epi32(bits, 4), mask, 0xF8);
+            code[1] = _mm512_ternarylogic_epi32(code[1], _mm512_slli_epi32(bits, 2), mask, 0xF8);
+            code[2] = _mm512_ternarylogic_epi32(code[2], bits, mask, 0xF8);
+            code[3] = _mm512_ternarylogic_epi32(code[3], _mm512_srli_epi32(bits, 2), mask, 0xF8);
+        }
+        return;
+    }
+    const __m512i mask = _mm512_set1_epi32(0x10101010);
+    const __m512i bits = _mm512_loadu_si512((const void *)high);
+    w->code[0] = _mm512_ternarylogic_epi32(w->code[0], _mm512_slli_epi32(bits, 4), mask, 0xF8);
+    w->code[1] = _mm512_ternarylogic_epi32(w->code[1], _mm512_slli_epi32(bits, 3), mask, 0xF8);
+    w->code[2] = _mm512_ternarylogic_epi32(w->code[2], _mm512_slli_epi32(bits, 2), mask, 0xF8);
+    w->code[3] = _mm512_ternarylogic_epi32(w->code[3], _mm512_slli_epi32(bits, 1), mask, 0xF8);
+    w->code[4] = _mm512_ternarylogic_epi32(w->code[4], bits, mask, 0xF8);
+    w->code[5] = _mm512_ternarylogic_epi32(w->code[5], _mm512_srli_epi32(bits, 1), mask, 0xF8);
+    w->code[6] = _mm512_ternarylogic_epi32(w->code[6], _mm512_srli_epi32(bits, 2), mask, 0xF8);
+    w->code[7] = _mm512_ternarylogic_epi32(w->code[7], _mm512_srli_epi32(bits, 3), mask, 0xF8);
+}
+
 /* 2-bit codes (dot_record.h's crumbs): chunk t (0, 1) holds per row 4 bytes whose bits
  * 2s..2s+1 are the codes paired with activations 8s+4t..; they become byte codes 0..3. */
 static inline void dot_load_crumbs(const uint8_t *chunks, struct dot_codes *w)

@@ -149,9 +149,13 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
             dot_load_signs(codes + 4 * a->lane0, &w);
             dot_u8_rows(&w, x, starts, rows, isum);
         } else { /* 5- and 6-bit codes */
+#if defined(DOT_LOAD_HIGH)
+            dot_load_high(format, codes + 4 * a->lane0, &w);
+#else
             uint8_t unpacked[8 * DOT_CHUNK] __attribute__((aligned(64)));
             dot_unpack_high(format, codes + 4 * a->lane0, unpacked, 4 * DOT_VW);
             dot_load_u8(unpacked, &w);
+#endif
             if (format == FORMAT_Q6_K) dot_u8_halves(&w, x, starts, rows, isum, isum1);
             else dot_u8_rows(&w, x, starts, rows, isum);
         }

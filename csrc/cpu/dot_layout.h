@@ -19,7 +19,8 @@
 /* q5_0, q5_1, q5_k and q6_k keep their codes' low 4 bits as q4_0's nibble chunks, then the
  * high bits: one chunk of bits (q5: byte 4 row + i, bit j = bit 4 of code 4j + i) or two of
  * 2-bit fields (q6_k: chunk p, byte 4 row + i, bits 2t..2t+1 = bits 4..5 of code
- * 4 (4p + t) + i); dot_unpack_high makes byte codes of them. */
+ * 4 (4p + t) + i); a level's dot_load_high (or dot_record.h's portable dot_unpack_high)
+ * makes byte codes of them. */
 #define HIGH_BIT_CODES(F) ((F) == FORMAT_Q5_0 || (F) == FORMAT_Q5_1 || (F) == FORMAT_Q5_K)
 #define HIGH_CRUMB_CODES(F) ((F) == FORMAT_Q6_K)
 /* The k formats with 4-bit codes or more and iq4_xs keep their float16 super-block scales once

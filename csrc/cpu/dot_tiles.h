@@ -62,12 +62,9 @@ static ALWAYS_INLINE const uint8_t *tile_codes(const int format, const uint8_t *
                                                ptrdiff_t b)
 {
     if (format == FORMAT_Q8_0) return codes;
-    if (HIGH_BIT_CODES(format) || HIGH_CRUMB_CODES(format)) {
-        dot_unpack_high(format, codes, tile_scratch.codes[0], DOT_CHUNK);
-        return tile_scratch.codes[0];
-    }
     struct dot_codes w;
-    if (LOOKUP_CODES(format)) dot_load_lookup(lookup_values(format), codes, &w);
+    if (HIGH_BIT_CODES(format) || HIGH_CRUMB_CODES(format)) dot_load_high(format, codes, &w);
+    else if (LOOKUP_CODES(format)) dot_load_lookup(lookup_values(format), codes, &w);
     else if (CRUMB_CODES(format)) dot_load_crumbs(codes, &w);
     else if (TRIT_CODES(format)) dot_load_trits(codes, (int)(b % 8), &w);
     else if (SIGN_CODES(format)) dot_load_signs(codes, &w);

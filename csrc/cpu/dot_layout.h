@@ -51,9 +51,9 @@
 /* Bytes of each block of 32 within a record shared by SHARED_BLOCKS(F) blocks. */
 #define SHARED_CODE_BYTES(F) \
     (TRIT_CODES(F) ? 0 : SUB_SCALE_BYTES(F) + CODE_CHUNKS(F) * DOT_CHUNK)
-/* Bytes of a record's parameters (a shared record's header) for the group's 16 rows. */
-#define PARAMETER_BYTES(F)                                                                  \
-    (SUPER_HEADER(F) ? 2 * DOT_GROUP * (HAS_MINIMUM(F) ? 2 : 1) :                           \
-     LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : 2 * DOT_GROUP * (HAS_MINIMUM(F) ? 2 : 1))
+/* Bytes of a record's parameters (a shared record's header) for the group's 16 rows: 16
+ * float16 values each (mxfp4: bytes). */
+#define PARAMETER_BYTES(F) \
+    (LOOKUP_CODES(F) ? LOOKUP_PARAMETER_BYTES(F) : 2 * DOT_GROUP * (HAS_MINIMUM(F) ? 2 : 1))
 
 #endif

@@ -19,7 +19,7 @@
 #include "formats.h"
 
 #define LOOKUP_CODES(F) ((F) == FORMAT_IQ4_NL || (F) == FORMAT_IQ4_XS || (F) == FORMAT_MXFP4)
-/* Bytes of a record's parameters for 16 rows (iq4_xs: dot_layout.h's header instead). */
+/* Bytes of a record's parameters for 16 rows (iq4_xs: its super-block header's d). */
 #define LOOKUP_PARAMETER_BYTES(F) ((F) == FORMAT_MXFP4 ? 16 : 2 * 16)
 
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -313,7 +313,8 @@ static void pack_group(void *context, ptrdiff_t group)
         return;
     }
     const size_t record_bytes = (size_t)FORMAT_ROWS[format].dot_record_bytes;
-    const int header = SUPER_HEADER(format), parameters = HAS_MINIMUM(format) ? 2 : 1;
+    const int parameters = HAS_MINIMUM(format) ? 2 : 1;
+    const int sub_scales = SUB_SCALE_BYTES(format) / DOT_GROUP;
     uint8_t *first = job->records + (size_t)group * (size_t)job->blocks * record_bytes;
     memset(first, 0, (size_t)job->blocks * record_bytes); /* rows past the last stay zero */
     for (int lane = 0; lane < DOT_GROUP; lane++) {
@@ -331,11 +332,8 @@ static void pack_group(void *context, ptrdiff_t group)
             else
                 for (int p = 0; p < parameters; p++)
                     memcpy(record + 2 * (p * DOT_GROUP + lane), &parts.halves[p], 2);
-            if (header) {
-                const int sub_scales = SUB_SCALE_BYTES(format) / DOT_GROUP;
-                for (int p = 0; p < sub_scales; p++)
-                    codes[(p - sub_scales) * DOT_GROUP + lane] = (uint8_t)parts.sub_scales[p];
-            }
+            for (int p = 0; p < sub_scales; p++) /* just before the codes */
+                codes[(p - sub_scales) * DOT_GROUP + lane] = (uint8_t)parts.sub_scales[p];
             pack_codes(format, parts.codes, lane, codes);
         }
     }

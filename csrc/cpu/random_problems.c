@@ -50,11 +50,6 @@ static uint8_t *random_k_low_records(struct random_stream *s, int format, uint8_
             const uint16_t half = random_stream_half(s);
             memcpy(weight + at + 2 * h, &half, sizeof half);
         }
-        for (int b = 0; b < SHARED_BLOCKS(format) && SUPER_HEADER(format); b++) {
-            uint8_t *sub_scales = weight + at + PARAMETER_BYTES(format) +
-                                  (size_t)b * SHARED_CODE_BYTES(format);
-            for (int i = 0; i < SUB_SCALE_BYTES(format); i++) sub_scales[i] &= 15;
-        }
         for (int b = 0; b < 8 && !q2; b++)
             for (int i = 0; i < 2 * DOT_GROUP; i++) {
                 uint8_t *scale = weight + at + header + b * block_bytes + i;

@@ -68,6 +68,7 @@ def model_matrices(model: str | None, float32: bool = False,
     from exactdraft.kernels.cpu_weights import (
         FORMAT_ROWS,
         PackedMatrix,
+        _as_bytes,
         _dot_records,
         pack_matrix,
     )
@@ -75,8 +76,7 @@ def model_matrices(model: str | None, float32: bool = False,
     def dot_layout(tensor):
         if native is None:
             return pack_matrix(tensor, layout="dot")
-        rows = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(tensor.shape[0], -1)
-        records = _dot_records(rows, tensor.format, tensor.shape[1], native)
+        records = _dot_records(_as_bytes(tensor.data), tensor.format, tensor.shape[1], native)
         return PackedMatrix(tensor.format, tensor.shape, records, "dot")
 
     checkpoint = pretrained.load_checkpoint(model, keep_quantized=True, with_tokenizer=False)

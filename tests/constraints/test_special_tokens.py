@@ -66,6 +66,14 @@ def test_a_named_special_token_is_the_only_token_allowed_there():
         Constraint.grammar('start: "go<|channel|>x" /[a-z]+/').compile_for(tokenizer)
 
 
+def test_forced_special_tokens_are_proposed_as_drafts():
+    tokenizer = tiny_tokenizer()
+    named = Constraint.grammar('start: "go" <|channel|> "xy" <|message|> /[a-z]+/',
+                               special_tokens=["<|channel|>", "<|message|>"])
+    forced = matcher_after(named, tokenizer, "g").forced()
+    assert forced == tokenizer.encode("o<|channel|>xy<|message|>") and len(forced) == 5
+
+
 def test_a_special_token_ends_free_text_and_a_stop_token_ends_the_grammar():
     """A regex of free text followed by a named token: the token ends it (its text is never
     the regex's), and the eos that is also a stop token is allowed where the grammar ends."""

@@ -11,7 +11,9 @@ complete; the arguments stream as the model writes them while JsonEnd tracks whe
 ends; the closing <|call|> is optional (it is a stop token, which the text may not carry). A
 header that is not a function name followed by the channel or content type, or arguments that
 are not a JSON object, raise ToolCallError naming the call. `call_grammar` is the constraint of
-a call tool_choice forces, written as this reader reads it.
+a call tool_choice forces, written as this reader reads it: the markers as the special tokens
+they are in gpt-oss's tokenizer where the model's tokenizer has them so (their text is what the
+reader reads, the server decoding special tokens into the text), as text otherwise.
 """
 
 from __future__ import annotations

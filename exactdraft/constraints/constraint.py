@@ -7,7 +7,8 @@ the tokens consumed, so one Constraint serves any number of generations. A const
 whole when it is built (and again when compiled for a tokenizer): a grammar llguidance refuses,
 one that matches nothing, and one on whose first tokens llguidance meets its limits
 (tokens.refuse_failing) raise ConstraintError before any pass. The same text builds the same
-Constraint, kept (bounded) so it is built once.
+Constraint, kept (bounded) so it is built once. A grammar that names special tokens declares them
+and is checked, and compiled, as special_tokens.py says.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from typing import Any
 import numpy as np
 
 from exactdraft.constraints.matcher import ConstraintMatcher, apply_mask
+from exactdraft.constraints.special_tokens import (
+    byte_tokenizer_with,
+    checked_names,
+    hint_for,
+    require_special,
+)
 from exactdraft.constraints.tokens import (
     bridge_for,
     byte_tokenizer,
@@ -50,6 +57,9 @@ class Constraint:
     kind: str      # "json_schema", "regex", "grammar" or "choices"
     source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
     llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
+    # The special tokens a grammar names (`<|channel|>`): a tokenizer must have each as a
+    # special token (special_tokens.py).
+    special_tokens: tuple[str, ...] = ()
 
     @classmethod
     def json_schema(cls, schema: dict | str | type, *, compact: bool = True) -> Constraint:
@@ -82,13 +92,18 @@ class Constraint:
         return _built("regex", pattern)
 
     @classmethod
-    def grammar(cls, lark: str) -> Constraint:
+    def grammar(cls, lark: str, special_tokens: Sequence[str] = ()) -> Constraint:
         """Text that the Lark-style grammar (llguidance's syntax: `start: ...`, /regex/ and
-        "string" terminals, %json {...} for embedded schemas) derives from `start`."""
+        "string" terminals, %json {...} for embedded schemas) derives from `start`.
+
+        `special_tokens`: the special (control) tokens the grammar names as tokens, written
+        `<|channel|>` in it (a "string" is text, which never produces a special token). The
+        grammar is checked against a byte vocabulary that has them, and compiles only for a
+        tokenizer that has each as a special token (ConstraintError naming the missing one)."""
         if not isinstance(lark, str) or not lark.strip():
             raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
                                   f"{lark!r}")
-        return _built("grammar", lark)
+        return _built("grammar", lark, True, checked_names(special_tokens))
 
     @classmethod
     def gbnf(cls, text: str) -> Constraint:
@@ -116,24 +131,31 @@ class Constraint:
         return _built("choices", json.dumps(list(options), ensure_ascii=False))
 
     @classmethod
-    def _checked(cls, kind: str, source: str, grammar: str) -> Constraint:
-        """Validate the grammar, and refuse one that matches nothing, on a byte vocabulary:
-        what is wrong is said before any model or tokenizer is involved."""
+    def _checked(cls, kind: str, source: str, grammar: str,
+                 special_tokens: tuple[str, ...] = ()) -> Constraint:
+        """Validate the grammar, and refuse one that matches nothing, on a byte vocabulary
+        (with the special tokens the grammar names): what is wrong is said before any model
+        or tokenizer is involved."""
         llg = llguidance_module()
-        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, byte_tokenizer())
+        vocabulary = byte_tokenizer_with(special_tokens) if special_tokens else byte_tokenizer()
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, vocabulary)
         if failed:
-            raise ConstraintError(f"invalid {kind} {short(source)}: {messages[0].strip()}")
-        probe = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0)
-        vocabulary, eos = byte_tokenizer().vocab_size, byte_tokenizer().eos_token
-        refuse_empty(probe, kind, source, vocabulary, eos)
-        refuse_failing(probe, kind, source, vocabulary, eos)
-        return cls(kind, source, grammar)
+            raise ConstraintError(f"invalid {kind} {short(source)}: "
+                                  f"{hint_for(messages[0].strip())}")
+        probe = llg.LLMatcher(vocabulary, grammar, log_level=0)
+        size, eos = vocabulary.vocab_size, vocabulary.eos_token
+        refuse_empty(probe, kind, source, size, eos)
+        refuse_failing(probe, kind, source, size, eos)
+        return cls(kind, source, grammar, special_tokens)
 
     def compile_for(self, tokenizer: Any) -> None:
         """Compile this constraint for `tokenizer` now (once per tokenizer object; kept for
         the generations that use it) and check it there: ConstraintError if it matches nothing
-        with the tokenizer's tokens or llguidance fails on its first tokens."""
-        compiled_matcher(self, tokenizer, bridge_for(tokenizer))
+        with the tokenizer's tokens or llguidance fails on its first tokens (or, for a grammar
+        that names special tokens, the tokenizer lacks one of them)."""
+        bridge = bridge_for(tokenizer)
+        require_special(self.special_tokens, bridge, self.kind)
+        compiled_matcher(self, tokenizer, bridge)
 
     def matcher(self, tokenizer: Any, vocab_size: int,
                 stop_token_ids: Sequence[int]) -> ConstraintMatcher:
@@ -148,12 +170,14 @@ class Constraint:
                 raise ConstraintError(f"stop token id {token} is outside the vocabulary "
                                       f"[0, {vocab_size})")
         bridge = bridge_for(tokenizer)
+        require_special(self.special_tokens, bridge, self.kind)
         initial = compiled_matcher(self, tokenizer, bridge)
         return ConstraintMatcher(self, bridge, initial.deep_copy(), int(vocab_size), stops)
 
 
 @functools.lru_cache(maxsize=BUILT_CONSTRAINTS)
-def _built(kind: str, source: str, compact: bool = True) -> Constraint:
+def _built(kind: str, source: str, compact: bool = True,
+           special_tokens: tuple[str, ...] = ()) -> Constraint:
     """The Constraint of `kind` from its text, built and checked once per text (a constraint
     is immutable, so the same text gives the same one); the last BUILT_CONSTRAINTS are kept.
     Refusals are not kept: each is raised anew."""
@@ -171,7 +195,7 @@ def _built(kind: str, source: str, compact: bool = True) -> Constraint:
             json.dumps(option) for option in json.loads(source)))
     else:
         grammar = llg.grammar_from_lark(source)
-    return Constraint._checked(kind, source, grammar)
+    return Constraint._checked(kind, source, grammar, special_tokens)
 
 
 def parse_json(text: str) -> Any:

@@ -76,7 +76,8 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         prompt = chat_messages(conversation, system=system_text)
     return Wanted(prompt=prompt, max_tokens=max_tokens,
                   tools=request if request is not None and request.active else None,
-                  constraint=constraint_from(body, tools.constraint_for(request)),
+                  constraint=constraint_from(body, tools.constraint_for(request,
+                                                                        service.tokenizer)),
                   stream=typed(body, "stream", (bool,), "true or false", False),
                   stop=stop_strings(body, "stop_sequences"),
                   drafts=typed(body, "drafts", (bool,), "true or false", True),

@@ -112,19 +112,25 @@ class ConstraintRequest:
     # (where, schema) of each tool schema the tool-call grammar holds, checked first so that a
     # schema llguidance cannot follow is refused by its own field, not by the grammar.
     tools: tuple[tuple[str, Any], ...] = ()
+    # The special tokens a grammar names (Constraint.grammar's special_tokens): a Harmony
+    # call grammar's markers where the tokenizer has them as special tokens.
+    special_tokens: tuple[str, ...] = ()
 
     def build(self, tokenizer: Any) -> Any:
         for where, schema in self.tools:
             _compiled(where, "json_schema", schema, tokenizer)
-        return _compiled(self.field, self.kind, self.value, tokenizer)
+        return _compiled(self.field, self.kind, self.value, tokenizer, self.special_tokens)
 
 
-def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any) -> Any:
+def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any,
+              special_tokens: tuple[str, ...] = ()) -> Any:
+    from exactdraft.constraints.constraint import Constraint
     from exactdraft.constraints.kinds import BY_NAME
     from exactdraft.errors import ConstraintError
 
     try:
-        constraint = BY_NAME[kind].build(value)
+        constraint = Constraint.grammar(value, special_tokens) if special_tokens else \
+            BY_NAME[kind].build(value)
         if tokenizer is not None:  # without one the engine refuses the constraint itself
             constraint.compile_for(tokenizer)
     except (ConstraintError, TokenizerError, TypeError, ValueError) as error:

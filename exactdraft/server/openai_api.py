@@ -77,7 +77,7 @@ def chat_request(body: Mapping[str, Any], service: Service) -> Wanted:
         wanted.tools = request if request is not None and request.active else None
     else:
         wanted.prompt = chat_messages(body.get("messages"))
-    wanted.constraint = constraint_from(body, tools.constraint_for(request))
+    wanted.constraint = constraint_from(body, tools.constraint_for(request, service.tokenizer))
     wanted.separate_reasoning = separate_reasoning(body)
     if typed(body, "logprobs", (bool,), "true or false", False):
         wanted.logprobs = top_logprobs(body, "top_logprobs")

@@ -332,7 +332,7 @@ def _call_rule(tool_format: ToolFormat, function: Mapping[str, Any], head: bool 
 
 
 def constraint_grammar(tool_format: ToolFormat, functions: Sequence[Mapping[str, Any]],
-                       choice: str, parallel: bool) -> str | None:
+                       choice: str, parallel: bool, special_markers: bool = False) -> str | None:
     """The Lark grammar (llguidance's dialect, for `Constraint.grammar`) a request's output
     must follow, or None when the output is free.
 
@@ -340,9 +340,10 @@ def constraint_grammar(tool_format: ToolFormat, functions: Sequence[Mapping[str,
     arguments of calls to functions marked strict follow their schemas), or a function name
     (exactly that function). Calls are written with fixed spacing, so everything but the
     arguments is forced. Formats without a grammar here (qwen3-xml, gemma) return None;
-    Harmony's forced calls are harmony.call_grammar's."""
+    Harmony's forced calls are harmony.call_grammar's (`special_markers`: the tokenizer has
+    Harmony's markers as special tokens, which the grammar then names)."""
     if tool_format.name == "harmony":
-        return harmony.call_grammar(functions, choice, parallel)
+        return harmony.call_grammar(functions, choice, parallel, special_markers)
     if choice == "none" or tool_format.name not in ("hermes", "generic", "mistral", "llama3"):
         return None
     if choice == "auto":

@@ -11,7 +11,9 @@ complete; the arguments stream as the model writes them while JsonEnd tracks whe
 ends; the closing <|call|> is optional (it is a stop token, which the text may not carry). A
 header that is not a function name followed by the channel or content type, or arguments that
 are not a JSON object, raise ToolCallError naming the call. `call_grammar` is the constraint of
-a call tool_choice forces, written as this reader reads it.
+a call tool_choice forces, written as this reader reads it: the markers as the special tokens
+they are in gpt-oss's tokenizer where the model's tokenizer has them so (their text is what the
+reader reads, the server decoding special tokens into the text), as text otherwise.
 """
 
 from __future__ import annotations
@@ -97,28 +99,52 @@ class HarmonyCallReader:
 
 # -- the constraint of a forced call ------------------------------------------------------
 
+# The markers a forced call's grammar writes; gpt-oss's tokenizer (o200k_harmony) has each as a
+# special token, which a grammar allows only by naming it (constraints/special_tokens.py).
+SPECIAL_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>",
+                   "<|call|>")
+# Where a reasoning body ends in the text the splitter reads (reasoning/harmony.py's ENDS).
+_BODY_ENDS = r"<\|end\|>|<\|return\|>|<\|call\|>"
+
+
+def markers_are_special(tokenizer: Any) -> bool:
+    """Whether `tokenizer` (an exactdraft Tokenizer) has every Harmony marker as a special
+    token, as gpt-oss's has: a forced call's grammar then names them as tokens."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
+        return False
+    special = {token.content for token in backend.get_added_tokens_decoder().values()
+               if token.special}
+    return all(marker in special for marker in SPECIAL_MARKERS)
+
+
 def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
-                 parallel: bool) -> str | None:
+                 parallel: bool, special_markers: bool = False) -> str | None:
     """The Lark grammar (llguidance's dialect) of the calls tool_choice `choice` forces in
     Harmony ("required": one call to any function, several with `parallel`; a function's
     name: one call to it), or None for "auto" and "none" (free output). The reply may reason
     first, in one analysis message; each call is a commentary message to functions.NAME with
     compact JSON arguments (unless the schema says otherwise), ended by <|call|>. The
     generation prompt ends with <|start|>assistant, so the first message has no role header
-    and a later call starts with one."""
+    and a later call starts with one.
+
+    `special_markers`: the tokenizer has the markers as special tokens (markers_are_special):
+    the grammar names them as tokens (build it with Constraint.grammar(..., special_tokens=
+    SPECIAL_MARKERS)), and its last <|call|> is optional, for <|call|> is then a stop token,
+    allowed where the grammar may end. Otherwise the markers are text."""
     if choice in ("auto", "none"):
         return None
     chosen = list(functions) if choice == "required" else \
         [f for f in functions if f["name"] == choice]
     if not chosen:
         raise ToolCallError(f"tool_choice names {choice!r}, which is not one of the tools")
+    if special_markers:
+        return _special_grammar(chosen, parallel)
     rules = []
     for index, function in enumerate(chosen):
-        schema = dict(function.get("parameters") or {"type": "object"})
-        schema.setdefault("x-guidance", COMPACT_JSON)
         head = f"<|channel|>commentary to=functions.{function['name']} <|constrain|>json" \
             + MESSAGE
-        rules.append(f"call_{index}: {json.dumps(head)} %json {json.dumps(schema)} "
+        rules.append(f"call_{index}: {json.dumps(head)} %json {_arguments(function)} "
                      f"{json.dumps(CALL)}")
     more = f' ({json.dumps("<|start|>assistant")} call)*' if parallel else ""
     return "\n".join([
@@ -127,3 +153,27 @@ def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
         f'analysis: {json.dumps("<|channel|>analysis" + MESSAGE)} thought '
         f'{json.dumps("<|start|>assistant")}',
         r"thought[lazy]: /(?s:.*)<\|end\|>/", *rules]) + "\n"
+
+
+def _special_grammar(chosen: Sequence[Mapping[str, Any]], parallel: bool) -> str:
+    """call_grammar's calls with the markers named as special tokens. The reasoning is text
+    holding no body end written as text, so the splitter ends it where the token ends it."""
+    rules = []
+    for index, function in enumerate(chosen):
+        recipient = json.dumps(f"commentary to=functions.{function['name']} ")
+        rules.append(f'call_{index}: <|channel|> {recipient} <|constrain|> "json" <|message|> '
+                     f"%json {_arguments(function)}")
+    more = ' (<|call|> <|start|> "assistant" call)*' if parallel else ""
+    return "\n".join([
+        f"start: analysis? call{more} <|call|>?",
+        "call: " + " | ".join(f"call_{i}" for i in range(len(chosen))),
+        'analysis: <|channel|> "analysis" <|message|> THOUGHT <|end|> <|start|> "assistant"',
+        f"THOUGHT: /(?s:.*)/ & ~/(?s:.*)({_BODY_ENDS})(?s:.*)/", *rules]) + "\n"
+
+
+def _arguments(function: Mapping[str, Any]) -> str:
+    """The JSON schema of a function's arguments as the grammar holds it (compact JSON unless
+    the schema says otherwise)."""
+    schema = dict(function.get("parameters") or {"type": "object"})
+    schema.setdefault("x-guidance", COMPACT_JSON)
+    return json.dumps(schema)

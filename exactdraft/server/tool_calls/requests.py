@@ -43,6 +43,7 @@ from exactdraft.server.tool_calls.formats import (
     constraint_grammar,
     detect_format,
 )
+from exactdraft.server.tool_calls.harmony import SPECIAL_MARKERS, markers_are_special
 from exactdraft.server.tool_calls.readers import ToolCallError
 
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -75,19 +76,23 @@ class ToolRequest:
                                 max_calls=None if self.parallel else 1)
 
 
-def constraint_for(request: ToolRequest | None) -> ConstraintRequest | None:
+def constraint_for(request: ToolRequest | None,
+                   tokenizer: Any = None) -> ConstraintRequest | None:
     """The constraint the output must follow for this request, not yet built (the server
     builds it off the event loop), or None when the output is free (see the module
     docstring). Each function schema the call grammar holds is checked by its own field
-    before the grammar, so a schema llguidance cannot follow is named, not the grammar."""
+    before the grammar, so a schema llguidance cannot follow is named, not the grammar.
+    `tokenizer` (the model's): where it has Harmony's markers as special tokens, a Harmony
+    call grammar names them as tokens (harmony.markers_are_special)."""
     if request is None or not request.active:
         return None
     functions = [{**f, "parameters": closed(f["parameters"])}
                  if request.closed_objects and "parameters" in f else f
                  for f in request.functions]
+    special = request.format.name == "harmony" and markers_are_special(tokenizer)
     try:
         grammar = constraint_grammar(request.format, functions, request.choice,
-                                     request.parallel)
+                                     request.parallel, special)
     except ToolCallError as error:
         raise RequestError(str(error), "tool_choice") from None
     if grammar is None:
@@ -98,7 +103,8 @@ def constraint_for(request: ToolRequest | None) -> ConstraintRequest | None:
                     if function.get("parameters") is not None and (
                         request.choice == "required" or function["name"] == request.choice or
                         (request.choice == "auto" and function.get("strict"))))
-    return ConstraintRequest("tools", "grammar", grammar, schemas)
+    return ConstraintRequest("tools", "grammar", grammar, schemas,
+                             SPECIAL_MARKERS if special else ())
 
 
 def _parallel(choice: str, asked: bool | None) -> bool:

@@ -1,0 +1,115 @@
+"""Grammars that name special tokens (exactdraft/constraints/special_tokens.py): where the
+grammar names a special token, the mask allows that token's id and nothing else, while the
+same marker written as text allows only the text's first character (the special id masked);
+a declared name is checked without a tokenizer, an undeclared one is refused with the hint to
+declare it, and a tokenizer that lacks the token (or has it only as ordinary text) is refused
+naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactdraft.errors import ConstraintError
+from exactdraft.loading.tokenizer import Tokenizer
+
+pytest.importorskip("llguidance")
+
+from exactdraft.constraints import Constraint  # noqa: E402
+
+MARKERS = ["<|channel|>", "<|message|>", "<|return|>"]
+
+
+def tiny_tokenizer(special: bool = True) -> Tokenizer:
+    """One token a printable character, then the markers: added special tokens (as
+    o200k_harmony has them), or ordinary added tokens with special=False."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    pieces = [chr(c) for c in range(32, 127)] + MARKERS
+    backend = Backend(models.WordLevel({p: i for i, p in enumerate(pieces)}, " "))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_tokens([AddedToken(m, special=special) for m in MARKERS])
+    return Tokenizer(backend, eos_token_id=backend.token_to_id("<|return|>"))
+
+
+def matcher_after(constraint: Constraint, tokenizer: Tokenizer, text: str):
+    matcher = constraint.matcher(tokenizer, tokenizer.vocab_size, tokenizer.stop_token_ids)
+    for token in tokenizer.encode(text):
+        matcher.consume(token)
+    return matcher
+
+
+def test_a_named_special_token_is_the_only_token_allowed_there():
+    tokenizer = tiny_tokenizer()
+    channel = tokenizer.backend.token_to_id("<|channel|>")
+    lark = 'start: "go" <|channel|> "x" /[a-z]+/'
+    constraint = Constraint.grammar(lark, special_tokens=["<|channel|>"])
+    assert constraint.special_tokens == ("<|channel|>",)
+    matcher = matcher_after(constraint, tokenizer, "go")
+    assert np.flatnonzero(matcher.allowed()).tolist() == [channel]
+    assert matcher.only_allowed() == channel
+    matcher.consume(channel)
+    assert np.flatnonzero(matcher.allowed()).tolist() == tokenizer.encode("x")
+    assert tokenizer.decode(matcher.tokens) == "go<|channel|>"  # the text the readers see
+    # Negative control: the marker written as text allows its first character, never the id.
+    text = matcher_after(Constraint.grammar('start: "go" ("<|channel|>x" | "<b") /[a-z]+/'),
+                         tokenizer, "go")
+    assert np.flatnonzero(text.allowed()).tolist() == tokenizer.encode("<")
+    assert text.valid_prefix([channel]) == 0
+    with pytest.raises(ConstraintError, match="not allowed"):
+        text.consume(channel)
+    # Where the whole marker is forced as text, the tokenizer spells those bytes as the special
+    # token, which text never produces: the grammar is refused for this tokenizer.
+    with pytest.raises(ConstraintError, match="beyond what llguidance can follow"):
+        Constraint.grammar('start: "go<|channel|>x" /[a-z]+/').compile_for(tokenizer)
+
+
+def test_forced_special_tokens_are_proposed_as_drafts():
+    tokenizer = tiny_tokenizer()
+    named = Constraint.grammar('start: "go" <|channel|> "xy" <|message|> /[a-z]+/',
+                               special_tokens=["<|channel|>", "<|message|>"])
+    forced = matcher_after(named, tokenizer, "g").forced()
+    assert forced == tokenizer.encode("o<|channel|>xy<|message|>") and len(forced) == 5
+
+
+def test_a_special_token_ends_free_text_and_a_stop_token_ends_the_grammar():
+    """A regex of free text followed by a named token: the token ends it (its text is never
+    the regex's), and the eos that is also a stop token is allowed where the grammar ends."""
+    tokenizer = tiny_tokenizer()
+    message, stop = (tokenizer.backend.token_to_id(m) for m in ("<|message|>", "<|return|>"))
+    constraint = Constraint.grammar('start: /[a-z <|]*/ <|message|> "ok"',
+                                    special_tokens=["<|message|>"])
+    matcher = matcher_after(constraint, tokenizer, "hi <there|")
+    allowed = set(np.flatnonzero(matcher.allowed()).tolist())
+    assert message in allowed and tokenizer.encode("<")[0] in allowed and stop not in allowed
+    matcher.consume(message)
+    for token in tokenizer.encode("ok"):
+        matcher.consume(token)
+    assert matcher.complete and np.flatnonzero(matcher.allowed()).tolist() == [stop]
+
+
+def test_declared_names_are_checked_without_a_tokenizer():
+    with pytest.raises(ConstraintError, match=r"special_tokens=\[\.\.\.\]"):
+        Constraint.grammar('start: "a" <|channel|>')  # named, not declared
+    with pytest.raises(ConstraintError, match="unknown special token.*<\\|message\\|>"):
+        Constraint.grammar('start: "a" <|message|>', special_tokens=["<|channel|>"])
+    for bad in ("channel", "<|a b|>", 7, "<|channel|>"[0]):
+        with pytest.raises(ConstraintError, match="special_tokens\\[0\\]"):
+            Constraint.grammar('start: "a"', special_tokens=[bad])
+    with pytest.raises(ConstraintError, match="list of token names"):
+        Constraint.grammar('start: "a"', special_tokens="<|channel|>")
+    # The control: declared, the same grammar builds, and equal text builds an equal value.
+    assert Constraint.grammar('start: "a" <|channel|>', special_tokens=("<|channel|>",)) == \
+        Constraint.grammar('start: "a" <|channel|>', special_tokens=["<|channel|>"])
+
+
+def test_a_tokenizer_without_the_special_token_is_refused_naming_it():
+    constraint = Constraint.grammar('start: "a" <|channel|>', special_tokens=["<|channel|>"])
+    plain = tiny_tokenizer(special=False)  # <|channel|> is an ordinary token there
+    for call in (lambda: constraint.compile_for(plain),
+                 lambda: constraint.matcher(plain, plain.vocab_size, [0])):
+        with pytest.raises(ConstraintError, match="<\\|channel\\|>, which this tokenizer"):
+            call()
+    constraint.compile_for(tiny_tokenizer())  # the control: compiles where it is special

@@ -28,6 +28,7 @@ from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
 from exactdraft.server.fields import ContextError, RequestError, Wanted
+from exactdraft.server.reasoning.signatures import thinking_key as checked_thinking_key
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -52,12 +53,15 @@ class Service:
     served name and the aliases and answers any other name 404. Responses always name the
     served model, the one whose weights the receipt names. `clamp_max_tokens`: a max_tokens
     past the room the prompt leaves in the context is lowered to that room (the output may
-    then end at the context, finish reason length) instead of refused."""
+    then end at the context, finish reason length) instead of refused. `thinking_key`: the
+    key Anthropic thinking blocks are signed with (server/reasoning/signatures.py; None: a
+    random key for this server, so signatures do not verify on another process)."""
 
     def __init__(self, engine: Engine, model_name: str,
                  model_aliases: Mapping[str, str] | None = None,
-                 clamp_max_tokens: bool = False) -> None:
+                 clamp_max_tokens: bool = False, thinking_key: bytes | None = None) -> None:
         self.engine = engine
+        self.thinking_key = checked_thinking_key(thinking_key)
         self.clamp_max_tokens = clamp_max_tokens
         self.model_name = model_name
         self.aliases = None if model_aliases is None else \

@@ -15,6 +15,7 @@ import pytest
 
 import exactdraft as xd
 from exactdraft.loading.builtin_templates import chat_template_source
+from exactdraft.server.reasoning.signatures import sign
 from tests.server.live import post, server_in_thread
 
 pytest.importorskip("llguidance")
@@ -27,13 +28,15 @@ THINK = ("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and "
 OPENED = THINK.replace("<assistant>{% endif %}", "<assistant><think>{% endif %}")
 SHAPE = r"<think>[a-z ]{1,12}</think>\n[a-z ]{1,12}"  # what the constraint makes the model write
 ASK = [{"role": "user", "content": "Hi"}]
+KEY = b"the thinking key of the test server"
 
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints):
     generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
                                              chat_template=THINK, progress=False)
-    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16) as (base, _):
+    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16,
+                          thinking_key=KEY) as (base, _):
         yield base, generator.tokenizer
 
 
@@ -121,7 +124,7 @@ def test_anthropic_thinking_block_streamed_and_whole(base):
     raw = written["content"][0]["text"]
     match = re.fullmatch(r"<think>(.*)</think>\s*(.*)", raw, re.S)
     assert message["content"] == [
-        {"type": "thinking", "thinking": match.group(1), "signature": ""},
+        {"type": "thinking", "thinking": match.group(1), "signature": sign(KEY, match.group(1))},
         {"type": "text", "text": match.group(2)}]
     assert message["receipt"]["token_ids_sha256"] == written["receipt"]["token_ids_sha256"]
     blocks, stops = streamed_blocks(base, body)
@@ -174,7 +177,7 @@ GIVEN = "a thought"
      {"messages": [*ASK, {"role": "assistant", "content": "Yo"}, *ASK]}),
     ("/v1/messages",
      {"messages": [*ASK, {"role": "assistant", "content": [
-         {"type": "thinking", "thinking": GIVEN, "signature": "x"},
+         {"type": "thinking", "thinking": GIVEN, "signature": sign(KEY, GIVEN)},
          {"type": "redacted_thinking", "data": "y"}, {"type": "text", "text": "Yo"}]}, *ASK]},
      {"messages": [*ASK, {"role": "assistant", "content": "Yo"}, *ASK]}),
     ("/v1/responses",

@@ -39,6 +39,8 @@ class TextOffsets:
     def reaching(self, low: int, offset: int) -> int:
         """The first k in [low, len(tokens)] with at(k) >= offset, len(tokens) + 1 if none; the
         offsets only grow with k, so a binary search finds it."""
+        if self.at(low) >= offset:  # a span at the start of the text: no search
+            return low
         high = len(self.tokens) + 1
         while low < high:
             middle = (low + high) // 2

@@ -66,7 +66,7 @@ def stream(base: str, path: str, body: dict) -> list[tuple[str | None, dict]]:
 
 def streamed_blocks(base: str, body: dict) -> tuple[list[dict], list[int]]:
     """(the content blocks a streamed /v1/messages builds, its text and thinking deltas
-    joined; the indexes its content_block_stop events close, in order)."""
+    joined and signatures set; the indexes its content_block_stop events close, in order)."""
     blocks: dict[int, dict] = {}
     stops = []
     for name, payload in stream(base, "/v1/messages", body):
@@ -74,6 +74,9 @@ def streamed_blocks(base: str, body: dict) -> tuple[list[dict], list[int]]:
             blocks[payload["index"]] = dict(payload["content_block"])
         elif name == "content_block_delta" and payload["delta"]["type"] != "input_json_delta":
             delta = payload["delta"]
+            if delta["type"] == "signature_delta":  # the thinking block's, as it ends
+                blocks[payload["index"]]["signature"] = delta["signature"]
+                continue
             key = "thinking" if delta["type"] == "thinking_delta" else "text"
             blocks[payload["index"]][key] += delta[key]
         elif name == "content_block_stop":

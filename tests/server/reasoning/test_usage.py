@@ -15,6 +15,7 @@ import exactdraft as xd
 from exactdraft.server.reasoning.formats import ThinkSplitter
 from exactdraft.server.reasoning.harmony import HarmonySplitter
 from exactdraft.server.reasoning.usage import reasoning_token_count
+from tests.conftest import needs_smollm2
 from tests.server.live import post, server_in_thread
 from tests.server.reasoning.test_replies import ASK, OPENED, SHAPE, THINK, stream
 
@@ -180,3 +181,24 @@ def test_no_reasoning_counts_nothing(served, live):
     status, response = post(url, "/v1/responses", {"input": "Hi", "max_output_tokens": 8})
     assert status == 200, response
     assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
+
+
+@needs_smollm2
+def test_the_count_with_a_subword_tokenizer():
+    """The bundled SmolLM2's byte-level BPE, where one token (">.") holds the end of
+    </think> and the start of the answer: the count is the number of tokens its tokenizer
+    gives for the reasoning and its markup, the straddling token counted once, as reasoning."""
+    from exactdraft.pretrained import load_checkpoint
+
+    tokenizer = load_checkpoint(None).tokenizer
+    region = "<think>\nThe user greets me; I greet back, café and all.\n</think>"
+    text = region + ". Hello! Nice to meet you."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ends = [len(tokenizer.decode(ids[:k + 1])) for k in range(len(ids))]
+    assert any(start < len(region) < end for start, end in zip([0, *ends], ends))  # the case
+    splitter = ThinkSplitter(False)
+    splitter.feed(text)
+    splitter.finish()
+    expected = len(tokenizer.encode(region, add_special_tokens=False))
+    assert 0 < expected < len(ids)
+    assert reasoning_token_count(splitter.spans, ids, tokenizer.decode) == expected

@@ -7,9 +7,11 @@ reasoning answers as before, and a Harmony forced tool call is constrained."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -31,13 +33,21 @@ ASK = [{"role": "user", "content": "Hi"}]
 KEY = b"the thinking key of the test server"
 
 
-@pytest.fixture(scope="module")
-def served(tiny_checkpoints):
-    generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
-                                             chat_template=THINK, progress=False)
+@contextlib.contextmanager
+def think_server(folder: str) -> Iterator[tuple[str, object]]:
+    """(url, tokenizer) of a server of the tiny llama in `folder` under the think template,
+    its thinking blocks signed with KEY."""
+    generator = xd.Generator.from_pretrained(folder, "torch", chat_template=THINK,
+                                             progress=False)
     with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16,
                           thinking_key=KEY) as (base, _):
         yield base, generator.tokenizer
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoints):
+    with think_server(tiny_checkpoints["llama"]) as served:
+        yield served
 
 
 @pytest.fixture

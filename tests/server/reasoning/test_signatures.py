@@ -17,12 +17,11 @@ from exactdraft.server.anthropic_api import thinking_apart
 from exactdraft.server.fields import RequestError
 from exactdraft.server.reasoning.signatures import sign, thinking_key, verifies
 from exactdraft.server.run import build
-from tests.server.live import post, server_in_thread
-from tests.server.reasoning.test_replies import ASK, SHAPE, THINK, stream
+from tests.server.live import post
+from tests.server.reasoning.test_replies import ASK, KEY, SHAPE, stream, think_server
 
 pytest.importorskip("llguidance")
 
-KEY = b"k" * 32
 OTHER = b"o" * 32
 THOUGHT = "The user greets; answer in kind."
 
@@ -91,10 +90,7 @@ def test_a_bad_key_is_refused_before_the_server_starts(tiny_checkpoints):
 
 @pytest.fixture(scope="module")
 def base(tiny_checkpoints):
-    generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
-                                             chat_template=THINK, progress=False)
-    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16,
-                          thinking_key=KEY) as (url, _):
+    with think_server(tiny_checkpoints["llama"]) as (url, _):
         yield url
 
 

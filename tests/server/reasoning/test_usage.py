@@ -11,13 +11,12 @@ import re
 
 import pytest
 
-import exactdraft as xd
 from exactdraft.server.reasoning.formats import ThinkSplitter
 from exactdraft.server.reasoning.harmony import HarmonySplitter
 from exactdraft.server.reasoning.usage import reasoning_token_count
 from tests.conftest import needs_smollm2
-from tests.server.live import post, server_in_thread
-from tests.server.reasoning.test_replies import ASK, OPENED, SHAPE, THINK, stream
+from tests.server.live import post
+from tests.server.reasoning.test_replies import ASK, OPENED, SHAPE, THINK, stream, think_server
 
 pytest.importorskip("llguidance")
 
@@ -89,10 +88,8 @@ def test_a_count_that_would_differ_is_seen():
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints):
-    generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
-                                             chat_template=THINK, progress=False)
-    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16) as (base, _):
-        yield base, generator.tokenizer
+    with think_server(tiny_checkpoints["llama"]) as served:
+        yield served
 
 
 BODY = {"messages": ASK, "max_tokens": 40, "temperature": 1.0,

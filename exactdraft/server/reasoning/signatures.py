@@ -14,12 +14,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 import secrets
 
+from exactdraft.engine.cache_file import MIN_KEY_BYTES, read_key
 from exactdraft.errors import ParameterError
 
 KEY_BYTES = 32  # the size of a random key
-MIN_KEY_BYTES = 16
 
 
 def thinking_key(key: bytes | None) -> bytes:
@@ -33,6 +34,12 @@ def thinking_key(key: bytes | None) -> bytes:
         raise ParameterError(f"thinking_key must be at least {MIN_KEY_BYTES} bytes, got "
                              f"{len(key)}")
     return key
+
+
+def read_thinking_key(path: str | os.PathLike[str]) -> bytes:
+    """The key held in the file at `path` (its bytes, less a final newline): at least
+    MIN_KEY_BYTES, else ParameterError naming the file."""
+    return read_key(path, "thinking key", ParameterError)
 
 
 def sign(key: bytes, thinking: str) -> str:

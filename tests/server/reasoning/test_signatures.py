@@ -131,3 +131,27 @@ def test_the_server_signs_and_checks_what_it_signed(base):
     assert status == 400 and reply["error"]["param"] == "messages[1].content[0].signature"
     status, reply = given_back({"type": "thinking", "thinking": block["thinking"]})
     assert status == 200, reply
+
+
+def test_the_anthropic_client_gives_the_signed_block_back(base):
+    """The anthropic SDK assembles the streamed thinking block, signature_delta included, and
+    sends it back unchanged in the next turn: served; the same block with its thinking
+    changed: refused, as the SDK's BadRequestError."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    extra = {"constraint": {"regex": SHAPE}, "seed": 5}
+    with client.messages.stream(model="tiny", max_tokens=40, messages=ASK,
+                                extra_body=extra) as events:
+        final = events.get_final_message()
+    thinking = final.content[0]
+    assert thinking.type == "thinking" and verifies(KEY, thinking.thinking, thinking.signature)
+
+    def turn(content: list) -> object:
+        return client.messages.create(model="tiny", max_tokens=4, messages=[
+            *ASK, {"role": "assistant", "content": content}, {"role": "user", "content": "Ok"}])
+
+    assert turn(final.content).stop_reason in ("end_turn", "max_tokens")
+    edited = [{**thinking.model_dump(), "thinking": changed(thinking.thinking)},
+              *[block.model_dump() for block in final.content[1:]]]
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[1\]\.content\[0\]"):
+        turn(edited)

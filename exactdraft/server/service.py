@@ -12,7 +12,8 @@ prompt and output token ids, the seed, the drafts made and kept, the backend, th
 contract and the weights digest. Two processes of the same model under the same arithmetic
 answer the same request with the same tokens, text, logprobs and receipt; only `id` and
 `created` differ, the receipt's `prefix_cache` (cold, memory or file: where the prompt's
-prefix came from) where their caches differ, and, under the Generator's adaptive depth
+prefix came from) where their caches differ, a thinking block's signature unless they share
+a `thinking_key`, and, under the Generator's adaptive depth
 (drafts per pass chosen from pass costs timed in each process), the receipt's drafted and
 accepted counts and how a stream is cut into chunks (tests/server/test_scale_out.py).
 """

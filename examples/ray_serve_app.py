@@ -9,13 +9,16 @@ Engine and prefix cache, through the same application `exactdraft serve` runs (e
 the same arithmetic answer a request with the same body apart from `id` and `created`; under
 adaptive depth (the default) the receipts' drafted and accepted counts may differ too, as
 between any two processes (`adaptive_depth=false` removes that). Each response carries an
-`x-exactdraft-replica` header naming the replica that answered.
+`x-exactdraft-replica` header naming the replica that answered. The replicas of one deployment
+sign Anthropic thinking blocks with one key (made when the deployment is built, or read from
+`thinking_key_file=PATH`), so each accepts the blocks another sent.
 (Needs `pip install "ray[serve]"` and the server extra.)
 """
 
 from __future__ import annotations
 
 import argparse
+import secrets
 import time
 from typing import Any
 
@@ -31,7 +34,8 @@ class ExactdraftReplica:
 
     def __init__(self, model: str | None, backend: str | None = None,
                  model_name: str = MODEL_NAME, drafter: str = "lookup",
-                 adaptive_depth: bool = True, max_sequences: int = 8) -> None:
+                 adaptive_depth: bool = True, max_sequences: int = 8,
+                 thinking_key: bytes | None = None) -> None:
         import exactdraft as xd
         from exactdraft.engine import Engine, PrefixCache
 
@@ -43,11 +47,13 @@ class ExactdraftReplica:
         self.engine = Engine(self.generator, max_sequences=max_sequences,
                              prefix_cache=PrefixCache())
         self.model_name = model_name
+        self.thinking_key = thinking_key
 
     def __serve_build_asgi_app__(self) -> Any:
         from exactdraft.server.app import create_app
 
-        app = create_app(self.engine, self.model_name, on_shutdown=self.engine.close)
+        app = create_app(self.engine, self.model_name, on_shutdown=self.engine.close,
+                         thinking_key=self.thinking_key)
         replica = serve.get_replica_context().replica_id.unique_id.encode()
 
         async def named(scope: Any, receive: Any, send: Any) -> None:
@@ -65,12 +71,18 @@ class ExactdraftReplica:
 def build(args: dict[str, str]) -> Any:
     """The application `serve run examples.ray_serve_app:build key=value ...` deploys: keys
     model, backend, model_name, drafter (lookup, suffix, none), adaptive_depth, replicas,
-    cpus (per replica)."""
+    cpus (per replica), thinking_key_file (default: a random key, the same for every
+    replica)."""
+    from exactdraft.server.reasoning.signatures import read_thinking_key
+
     replicas = int(args.get("replicas", 2))
     options = {"num_cpus": float(args.get("cpus", 1))}
+    key_file = args.get("thinking_key_file")
+    key = secrets.token_bytes(32) if key_file is None else read_thinking_key(key_file)
     return ExactdraftReplica.options(num_replicas=replicas, ray_actor_options=options).bind(
         args.get("model"), args.get("backend"), args.get("model_name", MODEL_NAME),
-        args.get("drafter", "lookup"), args.get("adaptive_depth", "true").lower() == "true")
+        args.get("drafter", "lookup"), args.get("adaptive_depth", "true").lower() == "true",
+        thinking_key=key)
 
 
 def main() -> None:

@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a file holding a secret key (16 bytes or more): the cache file is "
                             "signed with it (HMAC-SHA256) and read only if its signature is "
                             "the key's (default: no key; the file is as trusted as its folder)")
+    serve.add_argument("--thinking-key-file", default=None, metavar="PATH",
+                       help="a file holding a secret key (16 bytes or more) that signs "
+                            "Anthropic thinking blocks; servers that must accept each "
+                            "other's blocks share it (default: a random key per server)")
     serve.add_argument("--model-alias", action="append", default=[], metavar="NAME=SERVED",
                        help="another name for the served model (SERVED: its --model-name); "
                             "with any alias, other model names are answered 404 (default: "

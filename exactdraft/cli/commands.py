@@ -44,6 +44,10 @@ def validate_serve(args: argparse.Namespace) -> None:
         from exactdraft.engine.cache_file import read_key
 
         args.prefix_cache_key = read_key(args.prefix_cache_key_file)
+    if args.thinking_key_file is not None:
+        from exactdraft.server.reasoning.signatures import read_thinking_key
+
+        args.thinking_key = read_thinking_key(args.thinking_key_file)
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(f"serve needs {' and '.join(missing)}: pip install "
@@ -80,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
               prefix_cache_file=args.prefix_cache_file,
               prefix_cache_key=getattr(args, "prefix_cache_key", None), log_level=args.log_level,
               model_aliases=aliases or None, clamp_max_tokens=args.clamp_max_tokens,
-              ready=ready)
+              thinking_key=getattr(args, "thinking_key", None), ready=ready)
     except EngineFailed as error:  # a supervisor restarts a server that exits non-zero
         print(f"exactdraft: the server stopped: {error}", file=sys.stderr, flush=True)
         return EXIT_ENGINE_FAILED

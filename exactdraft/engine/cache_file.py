@@ -71,18 +71,19 @@ def check_location(path: str | os.PathLike[str]) -> None:
         raise CacheFileError(f"{path}: the file is read-only")
 
 
-def read_key(path: str | os.PathLike[str]) -> bytes:
+def read_key(path: str | os.PathLike[str], what: str = "cache key",
+             error_class: type[Exception] = CacheFileError) -> bytes:
     """The signing key held in the file at `path` (its bytes, less a final newline): at least
-    MIN_KEY_BYTES, else CacheFileError naming the file."""
+    MIN_KEY_BYTES, else `error_class` naming the file and `what` the key is."""
     try:
         with open(path, "rb") as handle:
             key = handle.read().rstrip(b"\r\n")
     except OSError as error:
-        raise CacheFileError(f"{os.fspath(path)}: cannot read the cache key file "
-                             f"({error.strerror})") from None
+        raise error_class(f"{os.fspath(path)}: cannot read the {what} file "
+                          f"({error.strerror})") from None
     if len(key) < MIN_KEY_BYTES:
-        raise CacheFileError(f"{os.fspath(path)}: a cache key needs {MIN_KEY_BYTES} bytes or "
-                             f"more, the file holds {len(key)}")
+        raise error_class(f"{os.fspath(path)}: a {what} needs {MIN_KEY_BYTES} bytes or "
+                          f"more, the file holds {len(key)}")
     return key
 
 

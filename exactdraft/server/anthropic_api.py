@@ -7,7 +7,10 @@ message, and in the stream's message_delta event). Streamed text deltas concaten
 message's text; with tools (server/tool_calls/requests.py) the call markup comes out as `tool_use`
 blocks instead, whole or streamed alike; where the chat template has reasoning
 (server/reasoning/), the reasoning is a `thinking` block before what follows it, and the whole
-message is built from the same events its stream sends. Extensions in a request: `min_p`,
+message is built from the same events its stream sends. Each thinking block is signed under the
+server's key (server/reasoning/signatures.py): a thinking block given back with a signature that
+does not verify is refused, naming the message and block; one without a signature is read as it
+is and a `redacted_thinking` block is dropped. Extensions in a request: `min_p`,
 `repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning` (false:
 the reasoning stays in the text as written).
 """
@@ -38,6 +41,7 @@ from exactdraft.server.fields import (
 )
 from exactdraft.server.reasoning.formats import StreamedReasoning, reasoning_splitters
 from exactdraft.server.reasoning.pieces import Reasoning
+from exactdraft.server.reasoning.signatures import sign, verifies
 from exactdraft.server.service import Service
 
 UNSUPPORTED = ("mcp_servers", "container")
@@ -67,7 +71,7 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
         conversation = [m for m in conversation
                         if not (isinstance(m, dict) and m.get("role") == "system")]
     system_text = "\n\n".join(text for text in systems if text) or None
-    conversation = thinking_apart(conversation)
+    conversation = thinking_apart(conversation, service.thinking_key)
     request = tools.anthropic_tools(body, getattr(service.tokenizer, "chat_template", None))
     if request is not None or histories.uses_tools(conversation):
         prompt: Any = tools.prompt_ids(
@@ -84,10 +88,11 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
                   sampling=sampling_fields(body), separate_reasoning=separate_reasoning(body))
 
 
-def thinking_apart(conversation: Any) -> Any:
+def thinking_apart(conversation: Any, key: bytes | None = None) -> Any:
     """The messages with each assistant message's thinking blocks taken out of its content
     and given as its `reasoning_content` (their texts joined; redacted thinking has none), for
-    the chat template to render or drop as it does."""
+    the chat template to render or drop as it does. With `key`, a block's signature, when it
+    has one, must verify under it (a RequestError naming the block otherwise)."""
     if not isinstance(conversation, list):
         return conversation
     apart = []
@@ -103,12 +108,27 @@ def thinking_apart(conversation: Any) -> Any:
                 where = f"messages[{index}].content[{number}].thinking"
                 if not isinstance(block.get("thinking"), str):
                     raise RequestError(f"{where} must be a string", where)
+                check_signature(block, key, f"messages[{index}].content[{number}]")
                 thoughts.append(block["thinking"])
             elif kind != "redacted_thinking":
                 kept.append(block)
         given = {"reasoning_content": "".join(thoughts)} if thoughts else {}
         apart.append({**message, "content": kept, **given})
     return apart
+
+
+def check_signature(block: Mapping[str, Any], key: bytes | None, where: str) -> None:
+    """A given-back thinking block's signature verifies under `key`; a block without one (no
+    `signature`, null or empty: a history written by hand) passes."""
+    signature = block.get("signature")
+    if key is None or signature in (None, ""):
+        return
+    if not isinstance(signature, str):
+        raise RequestError(f"{where}.signature must be a string", f"{where}.signature")
+    if not verifies(key, block["thinking"], signature):
+        raise RequestError(f"{where}: invalid signature in thinking block: the block was "
+                           "changed, or signed by another server or under another key",
+                           f"{where}.signature")
 
 
 class Reply:
@@ -126,7 +146,9 @@ class Reply:
         self.reasoner = None
         if make_splitter is not None:
             self.reasoner = StreamedReasoning(make_splitter)
-            self.blocks = tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix)
+            key = service.thinking_key
+            self.blocks = tool_replies.AnthropicBlocks(wanted.tools, self.call_prefix,
+                                                       lambda thought: sign(key, thought))
 
     def _tool_stop(self, reason: str, called: bool) -> str:
         return "tool_use" if called and reason == "end_turn" else reason

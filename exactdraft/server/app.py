@@ -30,16 +30,17 @@ from exactdraft.server.service import Service
 def create_app(engine: Engine, model_name: str,
                on_shutdown: Callable[[], None] | None = None,
                model_aliases: Mapping[str, str] | None = None,
-               clamp_max_tokens: bool = False) -> Any:
+               clamp_max_tokens: bool = False, thinking_key: bytes | None = None) -> Any:
     """The Starlette application serving `engine` under `model_name`. Requests may name any
     model unless `model_aliases` ({alias: model_name}) is given; then only `model_name` and
     the aliases are served; `clamp_max_tokens` lowers a max_tokens past the context's room
-    instead of refusing it (service.Service says more)."""
+    instead of refusing it; `thinking_key` signs Anthropic thinking blocks (service.Service
+    says more)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    service = Service(engine, model_name, model_aliases, clamp_max_tokens)
+    service = Service(engine, model_name, model_aliases, clamp_max_tokens, thinking_key)
     shared = Shared(service, engine, model_name, on_shutdown)
     if metrics_available():
         shared.metrics = Metrics(model_name, lambda: engine.load, service.kv_usage,

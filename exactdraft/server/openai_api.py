@@ -10,6 +10,9 @@ call markup in a choice's text comes out as its `tool_calls` instead of content,
 streamed alike. Where the chat template has reasoning (server/reasoning/), a chat choice's
 reasoning is its message's `reasoning_content` (streamed as `delta.reasoning_content`) and the
 content is the answer only, unless the request sends the extension `separate_reasoning: false`.
+A chat response's usage counts the generated tokens of the reasoning, markup included, in
+`completion_tokens_details.reasoning_tokens` (server/reasoning/usage.py), whole and streamed
+alike.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from exactdraft.server.reasoning.formats import (
     reasoning_splitters,
     split_whole,
 )
+from exactdraft.server.reasoning.usage import reasoning_counter
 from exactdraft.server.service import Service
 
 # `prediction` (predicted output) is accepted and ignored: it could change speed only.
@@ -102,6 +106,8 @@ class Reply:
         self.make_reasoning_splitter = reasoning_splitters(
             service.tokenizer, prompt_ids, wanted.separate_reasoning) if chat else None
         self.reasoners: dict[int, StreamedReasoning] = {}  # choice -> splitter, streaming
+        self.count_reasoning = reasoning_counter(service.tokenizer, prompt_ids) if chat else None
+        self.reasoning_tokens: dict[int, int] = {}  # choice -> its count, once it finished
 
     def _call_prefix(self, index: int) -> str:
         return f"call_{self.id[-24:]}_{index}_"
@@ -120,9 +126,17 @@ class Reply:
 
     def _usage(self, completion: int) -> dict[str, Any]:
         prompt = len(self.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.chat:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": sum(self.reasoning_tokens.values())}
+        return usage
+
+    def _count_reasoning(self, index: int, result: GenerationResult) -> None:
+        if self.count_reasoning is not None:
+            self.reasoning_tokens[index] = self.count_reasoning(result.text, result.tokens)
 
     def whole(self, results: list[GenerationResult]) -> dict[str, Any]:
         choices = []
@@ -145,6 +159,7 @@ class Reply:
                 choice["message"]["reasoning_content"] = reasoning or None
             choice["finish_reason"] = self._finish(index, result)
             choice["logprobs"] = self.logprobs(result.logprobs, 0)
+            self._count_reasoning(index, result)
             choice["receipt"] = self.service.receipt(result)
             choices.append(choice)
         return {**self._head(self.object), "choices": choices,
@@ -183,6 +198,7 @@ class Reply:
         choice["finish_reason"] = None if result is None else self._finish(index, result)
         if result is not None:
             choice["receipt"] = self.service.receipt(result)
+            self._count_reasoning(index, result)
         name = "chat.completion.chunk" if self.chat else "text_completion"
         payload = {**self._head(name), "choices": [choice]}
         if self.wanted.include_usage:

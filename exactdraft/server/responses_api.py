@@ -13,8 +13,10 @@ same prompt and constraint as on /v1/chat/completions (tools.py). Refused: `conv
 `background`, `prompt`, tools of other types and output formats other than text. Other
 optional fields (`metadata`, `reasoning`, `include`, `truncation`, ...) are accepted and
 ignored. Where the chat template has reasoning (server/reasoning/), the reasoning is a
-`reasoning` output item. Extensions, as on the other endpoints: `top_k`, `min_p`,
-`repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning`.
+`reasoning` output item, and the usage's `output_tokens_details.reasoning_tokens` counts its
+generated tokens, markup included (server/reasoning/usage.py). Extensions, as on the other
+endpoints: `top_k`, `min_p`, `repetition_penalty`, `seed`, `drafts` (false: serial decoding)
+and `separate_reasoning`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from exactdraft.server.fields import (
     typed,
 )
 from exactdraft.server.reasoning.formats import reasoning_splitters
+from exactdraft.server.reasoning.usage import reasoning_counter
 from exactdraft.server.responses_input import input_messages, tool_request
 from exactdraft.server.responses_output import OutputItems
 from exactdraft.server.responses_store import ResponseStore
@@ -125,6 +128,7 @@ class Reply:
         self.id = "resp_" + key
         self.output = OutputItems(request.tools, key, reasoning_splitters(
             service.tokenizer, prompt_ids, self.wanted.separate_reasoning))
+        self.count_reasoning = reasoning_counter(service.tokenizer, prompt_ids)
         self.created = int(time.time())
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, once known
         self.sequence = 0  # the stream's next sequence_number
@@ -154,7 +158,8 @@ class Reply:
         body["usage"] = {"input_tokens": prompt,
                          "input_tokens_details": {"cached_tokens": self.cached_tokens},
                          "output_tokens": output,
-                         "output_tokens_details": {"reasoning_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": self.count_reasoning(
+                             result.text, result.tokens)},
                          "total_tokens": prompt + output}
         body["receipt"] = self.service.receipt(result)
         if self.request.store:

@@ -36,7 +36,8 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
           prefix_cache_bytes: int | None = None, prefix_cache_file: str | None = None,
           prefix_cache_key: bytes | None = None,
           log_level: str = "warning", model_aliases: Mapping[str, str] | None = None,
-          clamp_max_tokens: bool = False, failure_exit_s: float = 2.0) -> Any:
+          clamp_max_tokens: bool = False, failure_exit_s: float = 2.0,
+          thinking_key: bytes | None = None) -> Any:
     """A uvicorn.Server for `generator` (not yet running: call its run(), from any thread;
     set should_exit to stop it). The engine stops, and the cache file is written, on
     shutdown. `prefix_cache_bytes`: the prefix cache's budget, 0 for none (None: a quarter of
@@ -46,13 +47,16 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
     `prefix_cache_file` is checked at once (CacheFileError if it cannot be written); with
     `prefix_cache_key` it is signed and read only when signed with that key. `failure_exit_s`:
     how long a server whose engine failed answers 503 (so a probe sees why) before it shuts
-    down."""
+    down. `thinking_key` (bytes, at least 16) signs Anthropic thinking blocks; None: a random
+    key for this server, so replicas that must accept each other's blocks share one."""
     import uvicorn
 
     from exactdraft.server.app import create_app
+    from exactdraft.server.reasoning.signatures import thinking_key as checked_thinking_key
     from exactdraft.server.service import check_aliases
 
     check_aliases(model_name, model_aliases)  # before anything starts
+    thinking_key = checked_thinking_key(thinking_key)
     cache = None if prefix_cache_bytes == 0 else PrefixCache(budget_bytes=prefix_cache_bytes)
     if cache is not None and prefix_cache_file is not None:
         check_location(prefix_cache_file)
@@ -90,7 +94,7 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
             generator.target.close()
 
     app = create_app(engine, model_name, on_shutdown=shut_down, model_aliases=model_aliases,
-                     clamp_max_tokens=clamp_max_tokens)
+                     clamp_max_tokens=clamp_max_tokens, thinking_key=thinking_key)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            access_log=False))
     server.engine = engine

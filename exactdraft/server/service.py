@@ -12,7 +12,8 @@ prompt and output token ids, the seed, the drafts made and kept, the backend, th
 contract and the weights digest. Two processes of the same model under the same arithmetic
 answer the same request with the same tokens, text, logprobs and receipt; only `id` and
 `created` differ, the receipt's `prefix_cache` (cold, memory or file: where the prompt's
-prefix came from) where their caches differ, and, under the Generator's adaptive depth
+prefix came from) where their caches differ, a thinking block's signature unless they share
+a `thinking_key`, and, under the Generator's adaptive depth
 (drafts per pass chosen from pass costs timed in each process), the receipt's drafted and
 accepted counts and how a stream is cut into chunks (tests/server/test_scale_out.py).
 """
@@ -28,6 +29,7 @@ from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
 from exactdraft.server.fields import ContextError, RequestError, Wanted
+from exactdraft.server.reasoning.signatures import thinking_key as checked_thinking_key
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -52,12 +54,15 @@ class Service:
     served name and the aliases and answers any other name 404. Responses always name the
     served model, the one whose weights the receipt names. `clamp_max_tokens`: a max_tokens
     past the room the prompt leaves in the context is lowered to that room (the output may
-    then end at the context, finish reason length) instead of refused."""
+    then end at the context, finish reason length) instead of refused. `thinking_key`: the
+    key Anthropic thinking blocks are signed with (server/reasoning/signatures.py; None: a
+    random key for this server, so signatures do not verify on another process)."""
 
     def __init__(self, engine: Engine, model_name: str,
                  model_aliases: Mapping[str, str] | None = None,
-                 clamp_max_tokens: bool = False) -> None:
+                 clamp_max_tokens: bool = False, thinking_key: bytes | None = None) -> None:
         self.engine = engine
+        self.thinking_key = checked_thinking_key(thinking_key)
         self.clamp_max_tokens = clamp_max_tokens
         self.model_name = model_name
         self.aliases = None if model_aliases is None else \

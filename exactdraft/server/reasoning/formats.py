@@ -45,12 +45,15 @@ class ThinkSplitter(Splitter):
 
     def __init__(self, opened: bool) -> None:
         super().__init__("reasoning" if opened else "lead")
+        if opened:
+            self._span_opens(0)
 
     def _drain(self, final: bool) -> list[Piece]:
         while self.pending or final:
             if self.state == "lead":
                 head = self.pending.lstrip()
                 if head.startswith(THINK_OPEN):
+                    self._span_opens(len(self.pending) - len(head))
                     self.pending, self.state = head[len(THINK_OPEN):], "reasoning"
                     continue
                 if THINK_OPEN.startswith(head) and not final:
@@ -60,6 +63,7 @@ class ThinkSplitter(Splitter):
                 at = self.pending.find(THINK_CLOSE)
                 if at >= 0:
                     self.pieces.add(Reasoning, self.pending[:at])
+                    self._span_closes(at + len(THINK_CLOSE))
                     self.pending, self.state = self.pending[at + len(THINK_CLOSE):], "gap"
                     continue
                 keep = 0 if final else held_back(self.pending, (THINK_CLOSE,))

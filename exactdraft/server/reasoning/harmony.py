@@ -55,6 +55,8 @@ class HarmonySplitter(Splitter):
                 if found:
                     at, end = min(found)
                     self._body(self.pending[:at])
+                    if self.kind == "reasoning":
+                        self._span_closes(at + len(end))
                     if self.kind == "markup":
                         self.pieces.add(Answer, end)
                     self.pending, self.state = self.pending[at + len(end):], "between"
@@ -77,6 +79,8 @@ class HarmonySplitter(Splitter):
             self.pieces.add(Answer, header)
         else:
             self.kind = "reasoning" if channel == "analysis" else "answer"
+            if self.kind == "reasoning":  # the span starts with the header
+                self._span_opens(0)
         self.state = "body"
 
     def _body(self, text: str) -> None:

@@ -9,12 +9,14 @@ once it is complete (its deltas come together); a call the text ends inside (cut
 or a stop token) is neither a call nor content, whole or streamed, so every call a response
 holds has arguments that parse, and the response goes back into a history as it is. Model text
 whose complete calls do not parse raises ToolCallError (a 500 for a whole response, an error
-event in a stream, which has already sent what came before).
+event in a stream, which has already sent what came before). A thinking block ends with a
+`signature_delta` carrying its signature (server/reasoning/signatures.py) before it stops.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from exactdraft.server.tool_calls.formats import CallArguments, CallEnd, CallStart, Content, collect
@@ -78,20 +80,29 @@ class AnthropicBlocks:
     """The content-block events of a streamed message with tools: a text block opens when
     text comes and closes when a call starts; each call is a tool_use block whose input
     streams as input_json_delta events. Without a request (no tools) the text is all text
-    blocks; `thinking` opens a thinking block for reasoning (server/reasoning/)."""
+    blocks; `thinking` opens a thinking block for reasoning (server/reasoning/), which
+    `sign` (its text -> its signature) signs as it stops."""
 
-    def __init__(self, request: ToolRequest | None, id_prefix: str) -> None:
+    def __init__(self, request: ToolRequest | None, id_prefix: str,
+                 sign: Callable[[str], str] | None = None) -> None:
         self.splitter = None if request is None else request.splitter(id_prefix)
         self.open: str | None = None  # the kind of the open block
         self.count = 0  # blocks started
         self.called = False
+        self.sign = sign
+        self.thought = ""  # the open thinking block's text so far
 
     def _stop(self) -> list[tuple[str, dict[str, Any]]]:
         if self.open is None:
             return []
-        self.open = None
-        return [("content_block_stop", {"type": "content_block_stop",
-                                        "index": self.count - 1})]
+        events = []
+        if self.open == "thinking" and self.sign is not None:
+            events.append(("content_block_delta", {
+                "type": "content_block_delta", "index": self.count - 1,
+                "delta": {"type": "signature_delta", "signature": self.sign(self.thought)}}))
+        self.open, self.thought = None, ""
+        return events + [("content_block_stop", {"type": "content_block_stop",
+                                                 "index": self.count - 1})]
 
     def _start(self, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         events = self._stop()
@@ -136,6 +147,7 @@ class AnthropicBlocks:
         first unless it is open)."""
         out = [] if self.open == "thinking" else \
             self._start({"type": "thinking", "thinking": "", "signature": ""})
+        self.thought += text
         return out + [("content_block_delta", {
             "type": "content_block_delta", "index": self.count - 1,
             "delta": {"type": "thinking_delta", "thinking": text}})]
@@ -143,7 +155,8 @@ class AnthropicBlocks:
 
 def assembled_blocks(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The content blocks a message's stream of block events builds (what a client that
-    reads the stream holds at its end): text and thinking deltas joined, input JSON parsed."""
+    reads the stream holds at its end): text and thinking deltas joined, a signature delta
+    setting the block's signature, input JSON parsed."""
     blocks: list[dict[str, Any]] = []
     inputs: dict[int, str] = {}
     for kind, payload in events:
@@ -155,6 +168,8 @@ def assembled_blocks(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str,
                 blocks[index]["text"] += delta["text"]
             elif delta["type"] == "thinking_delta":
                 blocks[index]["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                blocks[index]["signature"] = delta["signature"]
             else:
                 inputs[index] = inputs.get(index, "") + delta["partial_json"]
     for index, text in inputs.items():

@@ -89,3 +89,35 @@ def test_the_format_is_detected_from_the_template_source():
     for plain in (chat_template_source("chatml"), chat_template_source("gemma"), None, ""):
         assert detect_reasoning(plain) is None
     assert [row.name for row in FORMATS] == ["harmony", "think"]
+
+
+def spans_of(make, parts: list[str]) -> list[list[int]]:
+    splitter = make()
+    for part in parts:
+        splitter.feed(part)
+    splitter.finish()
+    return splitter.spans
+
+
+# (splitter maker, text, the text of each reasoning span: markup included)
+SPANS = [
+    (lambda: ThinkSplitter(False), "  <think>a</think>\n\nb", ["<think>a</think>"]),
+    (lambda: ThinkSplitter(False), "<think>cut", ["<think>cut"]),
+    (lambda: ThinkSplitter(False), "b <think>a</think>", []),
+    (lambda: ThinkSplitter(True), "a</think>b", ["a</think>"]),
+    (HarmonySplitter, "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final"
+     "<|message|>b<|return|>", ["<|channel|>analysis<|message|>a<|end|>"]),
+    (HarmonySplitter, "<|channel|>analysis<|message|>a<|end|>" + CALL,
+     ["<|channel|>analysis<|message|>a<|end|>"]),
+    (HarmonySplitter, "<|channel|>final<|message|>b<|end|><|start|>assistant<|channel|>analysis"
+     "<|message|>cut <|en", ["<|start|>assistant<|channel|>analysis<|message|>cut <|en"]),
+    (HarmonySplitter, LONG_HEADER, []),
+]
+
+
+@pytest.mark.parametrize("make, text, spans", SPANS)
+def test_the_reasoning_spans_hold_its_markup_from_any_cut(make, text, spans):
+    whole = spans_of(make, [text])
+    assert [text[start:end] for start, end in whole] == spans
+    for parts in (list(text), *([text[:cut], text[cut:]] for cut in range(len(text) + 1))):
+        assert spans_of(make, parts) == whole, parts

@@ -7,14 +7,17 @@ reasoning answers as before, and a Harmony forced tool call is constrained."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
 import exactdraft as xd
 from exactdraft.loading.builtin_templates import chat_template_source
+from exactdraft.server.reasoning.signatures import sign
 from tests.server.live import post, server_in_thread
 
 pytest.importorskip("llguidance")
@@ -27,14 +30,24 @@ THINK = ("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and "
 OPENED = THINK.replace("<assistant>{% endif %}", "<assistant><think>{% endif %}")
 SHAPE = r"<think>[a-z ]{1,12}</think>\n[a-z ]{1,12}"  # what the constraint makes the model write
 ASK = [{"role": "user", "content": "Hi"}]
+KEY = b"the thinking key of the test server"
+
+
+@contextlib.contextmanager
+def think_server(folder: str) -> Iterator[tuple[str, object]]:
+    """(url, tokenizer) of a server of the tiny llama in `folder` under the think template,
+    its thinking blocks signed with KEY."""
+    generator = xd.Generator.from_pretrained(folder, "torch", chat_template=THINK,
+                                             progress=False)
+    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16,
+                          thinking_key=KEY) as (base, _):
+        yield base, generator.tokenizer
 
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints):
-    generator = xd.Generator.from_pretrained(tiny_checkpoints["llama"], "torch",
-                                             chat_template=THINK, progress=False)
-    with server_in_thread(generator, "tiny", max_sequences=4, max_waiting=16) as (base, _):
-        yield base, generator.tokenizer
+    with think_server(tiny_checkpoints["llama"]) as served:
+        yield served
 
 
 @pytest.fixture
@@ -63,7 +76,7 @@ def stream(base: str, path: str, body: dict) -> list[tuple[str | None, dict]]:
 
 def streamed_blocks(base: str, body: dict) -> tuple[list[dict], list[int]]:
     """(the content blocks a streamed /v1/messages builds, its text and thinking deltas
-    joined; the indexes its content_block_stop events close, in order)."""
+    joined and signatures set; the indexes its content_block_stop events close, in order)."""
     blocks: dict[int, dict] = {}
     stops = []
     for name, payload in stream(base, "/v1/messages", body):
@@ -71,6 +84,9 @@ def streamed_blocks(base: str, body: dict) -> tuple[list[dict], list[int]]:
             blocks[payload["index"]] = dict(payload["content_block"])
         elif name == "content_block_delta" and payload["delta"]["type"] != "input_json_delta":
             delta = payload["delta"]
+            if delta["type"] == "signature_delta":  # the thinking block's, as it ends
+                blocks[payload["index"]]["signature"] = delta["signature"]
+                continue
             key = "thinking" if delta["type"] == "thinking_delta" else "text"
             blocks[payload["index"]][key] += delta[key]
         elif name == "content_block_stop":
@@ -121,7 +137,7 @@ def test_anthropic_thinking_block_streamed_and_whole(base):
     raw = written["content"][0]["text"]
     match = re.fullmatch(r"<think>(.*)</think>\s*(.*)", raw, re.S)
     assert message["content"] == [
-        {"type": "thinking", "thinking": match.group(1), "signature": ""},
+        {"type": "thinking", "thinking": match.group(1), "signature": sign(KEY, match.group(1))},
         {"type": "text", "text": match.group(2)}]
     assert message["receipt"]["token_ids_sha256"] == written["receipt"]["token_ids_sha256"]
     blocks, stops = streamed_blocks(base, body)
@@ -174,7 +190,7 @@ GIVEN = "a thought"
      {"messages": [*ASK, {"role": "assistant", "content": "Yo"}, *ASK]}),
     ("/v1/messages",
      {"messages": [*ASK, {"role": "assistant", "content": [
-         {"type": "thinking", "thinking": GIVEN, "signature": "x"},
+         {"type": "thinking", "thinking": GIVEN, "signature": sign(KEY, GIVEN)},
          {"type": "redacted_thinking", "data": "y"}, {"type": "text", "text": "Yo"}]}, *ASK]},
      {"messages": [*ASK, {"role": "assistant", "content": "Yo"}, *ASK]}),
     ("/v1/responses",

@@ -5,7 +5,8 @@ checkout's extension against another build of it, alternated in one process.
     python benchmarks/matmul_ab.py --other /tmp/before [--rows 1,8] [--rounds 15]
 
 Both builds are loaded side by side (the same module name from two files), every quantized
-matrix of the bundled SmolLM2 (or --model) is packed once in the dot layout, and each round
+matrix of the bundled SmolLM2 (or --model; or with --shape KxN one random matrix of each of
+--formats, the blocks cpu_kernels.py times) is packed once in the dot layout, and each round
 runs all of them in model order at each row count M, once per build, the builds alternating,
 so that a noisy machine's load falls on both alike. Reported per M: the median milliseconds of
 a round for each build and their ratio, and whether the two builds' outputs of every matrix
@@ -90,6 +91,25 @@ def model_matrices(model: str | None, float32: bool = False,
     return packed
 
 
+def random_matrices(shape: str, formats: list[str], native=None) -> list:
+    """One random [N, K] matrix per format (`shape` "KxN", as cpu_kernels.py writes it; the
+    blocks cpu_kernels.py times), packed in the dot layout by the build `native`."""
+    from cpu_kernels import format_blocks
+
+    from exactdraft.formats import QuantizedTensor
+    from exactdraft.kernels.cpu_weights import PackedMatrix, _as_bytes, _dot_records
+
+    depth, columns = (int(value) for value in shape.split("x"))
+    rng = np.random.default_rng(0)
+    packed = []
+    for format in formats:
+        dense = rng.standard_normal((columns, depth), dtype=np.float32)
+        tensor = QuantizedTensor(format, format_blocks(format, dense), (columns, depth))
+        records = _dot_records(_as_bytes(tensor.data), format, depth, native)
+        packed.append((format, PackedMatrix(format, (columns, depth), records, "dot")))
+    return packed
+
+
 def multiply(module, w, x: np.ndarray, out: np.ndarray) -> None:
     """out [M, N] = x [M, K] times the packed w [N, K] transposed, by `module`."""
     from exactdraft.kernels.cpu_weights import FORMAT_CODES
@@ -138,11 +158,17 @@ def main() -> int:
                         help="comma list of weight formats to keep (default: all)")
     parser.add_argument("--float32", action="store_true",
                         help="the same matrices dequantized, through the float kernel")
+    parser.add_argument("--shape", default=None,
+                        help="KxN: instead of a model's, one random matrix of each of "
+                             "--formats (needed with it)")
     args = parser.parse_args()
+    if args.shape and (not args.formats or args.float32 or args.model):
+        parser.error("--shape takes --formats, and neither --model nor --float32")
     builds = load_builds(args.other, args.threads)
     formats = args.formats.split(",") if args.formats else None
     # Each build packs its own records: their layout may differ between the builds.
-    matrices = {name: model_matrices(args.model, args.float32, formats, module)
+    matrices = {name: random_matrices(args.shape, formats, module) if args.shape else
+                model_matrices(args.model, args.float32, formats, module)
                 for name, module in builds.items()}
     if not matrices["this"]:
         raise SystemExit(f"no matrix of format {args.formats} in the model")
@@ -151,7 +177,8 @@ def main() -> int:
           + (f"--model {args.model} " if args.model else "")
           + f"--rounds {args.rounds} --threads {args.threads}"
           + (f" --formats {args.formats}" if args.formats else "")
-          + (" --float32" if args.float32 else ""))
+          + (" --float32" if args.float32 else "")
+          + (f" --shape {args.shape}" if args.shape else ""))
     print(f"{info['cpu']}, {info['cpus']} CPUs, SIMD level {info['simd_level']}; "
           f"{len(matrices['this'])} matrices")
     rng = np.random.default_rng(0)

@@ -70,3 +70,19 @@ def test_formats_keep_only_those_matrices():
     assert "; 1 matrices" in done.stdout  # SmolLM2's q8_0 matrix is its tied output matrix
     missing, _ = run_against_itself(*arguments, "q5_k")
     assert missing.returncode != 0 and "no matrix of format q5_k" in missing.stderr
+
+
+def test_random_matrices_against_itself_report_same_bits():
+    done, records = run_against_itself("matmul_ab.py", "_cpu_kernels", "--shape", "256x48",
+                                       "--formats", "q2_k,q1_0", "--rows", "1,3",
+                                       "--rounds", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--shape 256x48" in done.stdout and "2 matrices" in done.stdout
+    assert [r["rows"] for r in records if "rows" in r] == [1, 3]
+    assert all(r["same_bits"] for r in records if "rows" in r)
+
+
+def test_random_matrices_have_the_shape_and_formats_asked():
+    packed = matmul_ab.random_matrices("512x40", ["q4_k", "tq1_0"])
+    assert [(name, w.format, w.shape, w.layout) for name, w in packed] == \
+        [("q4_k", "q4_k", (40, 512), "dot"), ("tq1_0", "tq1_0", (40, 512), "dot")]

@@ -33,11 +33,17 @@ def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
         raise ConstraintError(f"special_tokens must be a list of token names, got "
                               f"{special_tokens!r}")
     for index, name in enumerate(special_tokens):
-        if not isinstance(name, str) or len(name) < 3 or not name.startswith("<") or \
-                not name.endswith(">") or any(c.isspace() for c in name):
+        if not is_token_name(name):
             raise ConstraintError(f"special_tokens[{index}] must be a special token's name "
                                   f"such as '<|channel|>', got {name!r}")
     return tuple(dict.fromkeys(special_tokens))
+
+
+def is_token_name(name: object) -> bool:
+    """Whether `name` is a special token's name as llguidance's grammars write one: `<...>`
+    with no whitespace."""
+    return isinstance(name, str) and len(name) >= 3 and name.startswith("<") and \
+        name.endswith(">") and not any(c.isspace() for c in name)
 
 
 class _BytesAndSpecials:

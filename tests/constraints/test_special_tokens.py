@@ -1,6 +1,7 @@
 """Grammars that name special tokens (exactdraft/constraints/special_tokens.py): where the
 grammar names a special token, the mask allows that token's id and nothing else, while the
-same marker written as text allows only the text's first character (the special id masked);
+same marker written as text allows only the text's first character (the special id masked)
+and is forced in characters;
 a declared name is checked without a tokenizer, an undeclared one is refused with the hint to
 declare it, and a tokenizer that lacks the token (or has it only as ordinary text) is refused
 naming it."""
@@ -60,10 +61,10 @@ def test_a_named_special_token_is_the_only_token_allowed_there():
     assert text.valid_prefix([channel]) == 0
     with pytest.raises(ConstraintError, match="not allowed"):
         text.consume(channel)
-    # Where the whole marker is forced as text, the tokenizer spells those bytes as the special
-    # token, which text never produces: the grammar is refused for this tokenizer.
-    with pytest.raises(ConstraintError, match="beyond what llguidance can follow"):
-        Constraint.grammar('start: "go<|channel|>x" /[a-z]+/').compile_for(tokenizer)
+    # Where the whole marker is forced as text, it is forced in characters, never as the id.
+    forced = matcher_after(Constraint.grammar('start: "go<|channel|>x" /[a-z]+/'), tokenizer,
+                           "go").forced()
+    assert forced == [tokenizer.backend.token_to_id(c) for c in "<|channel|>x"]
 
 
 def test_forced_special_tokens_are_proposed_as_drafts():

@@ -22,6 +22,8 @@ from exactdraft.errors import ConstraintError
 
 # llguidance's words for a grammar naming a special token its tokenizer lacks.
 UNKNOWN_SPECIAL = "unknown special token"
+# How a grammar declares the special tokens it names, in the Python API's words.
+DECLARE_HINT = "Constraint.grammar(lark, special_tokens=[...])"
 # Byte vocabularies kept, one per set of declared special tokens.
 BYTE_VOCABULARIES = 32
 
@@ -91,4 +93,4 @@ def hint_for(message: str) -> str:
     if UNKNOWN_SPECIAL not in message:
         return message
     return (f"{message.split(';', 1)[0]}; a grammar that names special tokens declares them: "
-            f"Constraint.grammar(lark, special_tokens=[...])")
+            f"{DECLARE_HINT}")

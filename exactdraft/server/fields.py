@@ -123,10 +123,13 @@ class ConstraintRequest:
         for where, schema in self.tools:
             _compiled(where, "json_schema", schema, tokenizer)
         if self.special_tokens_field and tokenizer is not None:
-            from exactdraft.server.special_tokens import require_served
+            from exactdraft.server.special_tokens import FieldRefusal, require_served
 
-            require_served(self.special_tokens, tokenizer, self.special_tokens_field,
-                           self.field)
+            try:
+                require_served(self.special_tokens, tokenizer, self.special_tokens_field,
+                               self.field)
+            except FieldRefusal as refusal:
+                raise RequestError(str(refusal), refusal.field) from None
         return _compiled(self.field, self.kind, self.value, tokenizer, self.special_tokens)
 
 
@@ -141,7 +144,9 @@ def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any,
         if tokenizer is not None:  # without one the engine refuses the constraint itself
             constraint.compile_for(tokenizer)
     except (ConstraintError, TokenizerError, TypeError, ValueError) as error:
-        reason = str(error).splitlines()[0]
+        from exactdraft.server.special_tokens import request_wording
+
+        reason = request_wording(str(error).splitlines()[0])
         raise RequestError(f"{field_name}: {reason}", field_name) from None
     return constraint
 
@@ -189,15 +194,22 @@ def constraint_from(body: Mapping[str, Any], tool_constraint: ConstraintRequest 
                                "response_format.type")
     extension = body.get("constraint")
     if extension is not None:
-        from exactdraft.server.special_tokens import FIELD, KEY, declared_special_tokens
+        from exactdraft.server.special_tokens import (
+            FIELD,
+            KEY,
+            FieldRefusal,
+            declared_special_tokens,
+        )
 
         kinds = [key for key in extension if key != KEY] if isinstance(extension, dict) else []
         if len(kinds) != 1 or kinds[0] not in BY_NAME:
-            raise RequestError(f"constraint must be an object with one of the keys "
-                               f"{', '.join(BY_NAME)} (and {KEY} with a grammar)",
-                               "constraint")
+            raise RequestError(f"constraint must be an object with (beside a grammar's "
+                               f"{KEY}) one of the keys {', '.join(BY_NAME)}", "constraint")
         kind, value = kinds[0], extension[kinds[0]]
-        names = declared_special_tokens(extension, kind)
+        try:
+            names = declared_special_tokens(extension, kind)
+        except FieldRefusal as refusal:
+            raise RequestError(str(refusal), refusal.field) from None
         if names:
             _sized(FIELD, list(names))
         found.append(ConstraintRequest(f"constraint.{kind}", kind, value,

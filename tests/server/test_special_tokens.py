@@ -39,14 +39,17 @@ def test_the_field_carries_the_declared_tokens_in_the_request_order():
     # The control: without the key, nothing is declared and nothing checked by that field.
     plain = constraint_from({"constraint": {"grammar": GRAMMAR}})
     assert plain.special_tokens == () and plain.special_tokens_field == ""
-    assert constraint_from({"constraint": {**DECLARED, "special_tokens": []}}) == plain
+    for nothing in ([], None):  # declares nothing, as no key does (null: as if absent)
+        assert constraint_from({"constraint": {**DECLARED, "special_tokens": nothing}}) == plain
+    assert constraint_from({"constraint": {"regex": "x", "special_tokens": None}}).kind == \
+        "regex"
 
 
 @pytest.mark.parametrize("constraint, param, words", [
     ({"grammar": GRAMMAR, "special_tokens": "<|channel|>"}, "constraint.special_tokens",
      "must be a list"),
-    ({"grammar": GRAMMAR, "special_tokens": None}, "constraint.special_tokens",
-     "must be a list"),
+    ({"grammar": GRAMMAR, "special_tokens": {"0": "<|channel|>"}},
+     "constraint.special_tokens", "must be a list"),
     ({"grammar": GRAMMAR, "special_tokens": ["<|channel|>", 7]},
      "constraint.special_tokens[1]", "got 7"),
     ({"grammar": GRAMMAR, "special_tokens": ["channel"]}, "constraint.special_tokens[0]",

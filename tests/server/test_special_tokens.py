@@ -147,4 +147,6 @@ def test_a_const_equal_to_a_marker_is_served_as_text(served):
         "constraint": {"json_schema": {"const": "<|channel|>"}}})
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] == '"<|channel|>"'
-    assert not set(reply_ids(reply)) & markers
+    *written, stop = reply_ids(reply)  # any stop token may end it, <|call|> among them
+    assert stop in tokenizer.stop_token_ids and not set(written) & markers
+    assert len(written) == len('"<|channel|>"')  # one character each

@@ -106,17 +106,20 @@ class Constraint:
         return _built("grammar", lark, True, checked_names(special_tokens))
 
     @classmethod
-    def gbnf(cls, text: str) -> Constraint:
-        """A grammar in llama.cpp's GBNF (EBNF) syntax, converted to Lark."""
+    def gbnf(cls, text: str, special_tokens: Sequence[str] = ()) -> Constraint:
+        """A grammar in llama.cpp's GBNF (EBNF) syntax, converted to Lark (a grammar already
+        in Lark syntax is taken as it is). `special_tokens` as for `grammar`: GBNF has no way
+        to write a special token, so only a Lark grammar given here can name them."""
         if not isinstance(text, str) or not text.strip():
             raise ConstraintError(f"gbnf must be a non-empty grammar string, got {text!r}")
+        names = checked_names(special_tokens)
         from llguidance.gbnf_to_lark import any_to_lark
 
         try:
             lark = any_to_lark(text)
         except Exception as error:  # the converter raises plain exceptions of several kinds
             raise ConstraintError(f"invalid GBNF grammar: {error}") from None
-        return _built("grammar", lark)
+        return _built("grammar", lark, True, names)
 
     @classmethod
     def choices(cls, options: Sequence[str]) -> Constraint:

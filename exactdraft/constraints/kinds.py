@@ -23,6 +23,8 @@ class ConstraintKind:
     # "json_or_path" JSON text or a file holding it, "comma_list" comma-separated texts.
     flag_argument: str
     flag_metavar: str | None = None
+    # Whether a value may come with special_tokens (the special tokens a grammar names).
+    names_special_tokens: bool = False
 
     @property
     def flag(self) -> str:
@@ -36,10 +38,11 @@ KINDS: tuple[ConstraintKind, ...] = (
     ConstraintKind("regex", Constraint.regex, "constrain the reply to a regular expression",
                    "text"),
     ConstraintKind("grammar", Constraint.grammar,
-                   "constrain the reply to a Lark grammar read from PATH", "path", "PATH"),
+                   "constrain the reply to a Lark grammar read from PATH", "path", "PATH",
+                   names_special_tokens=True),
     ConstraintKind("gbnf", Constraint.gbnf,
                    "constrain the reply to a GBNF grammar (llama.cpp's syntax) read from PATH",
-                   "path", "PATH"),
+                   "path", "PATH", names_special_tokens=True),
     ConstraintKind("choices", Constraint.choices,
                    "constrain the reply to one of these comma-separated texts", "comma_list",
                    "A,B,..."),

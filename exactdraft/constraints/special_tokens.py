@@ -22,6 +22,8 @@ from exactdraft.errors import ConstraintError
 
 # llguidance's words for a grammar naming a special token its tokenizer lacks.
 UNKNOWN_SPECIAL = "unknown special token"
+# How a grammar declares the special tokens it names, in the Python API's words.
+DECLARE_HINT = "Constraint.grammar(lark, special_tokens=[...])"
 # Byte vocabularies kept, one per set of declared special tokens.
 BYTE_VOCABULARIES = 32
 
@@ -33,11 +35,17 @@ def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
         raise ConstraintError(f"special_tokens must be a list of token names, got "
                               f"{special_tokens!r}")
     for index, name in enumerate(special_tokens):
-        if not isinstance(name, str) or len(name) < 3 or not name.startswith("<") or \
-                not name.endswith(">") or any(c.isspace() for c in name):
+        if not is_token_name(name):
             raise ConstraintError(f"special_tokens[{index}] must be a special token's name "
                                   f"such as '<|channel|>', got {name!r}")
     return tuple(dict.fromkeys(special_tokens))
+
+
+def is_token_name(name: object) -> bool:
+    """Whether `name` is a special token's name as llguidance's grammars write one: `<...>`
+    with no whitespace."""
+    return isinstance(name, str) and len(name) >= 3 and name.startswith("<") and \
+        name.endswith(">") and not any(c.isspace() for c in name)
 
 
 class _BytesAndSpecials:
@@ -85,4 +93,4 @@ def hint_for(message: str) -> str:
     if UNKNOWN_SPECIAL not in message:
         return message
     return (f"{message.split(';', 1)[0]}; a grammar that names special tokens declares them: "
-            f"Constraint.grammar(lark, special_tokens=[...])")
+            f"{DECLARE_HINT}")

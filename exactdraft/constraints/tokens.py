@@ -11,7 +11,9 @@ once per tokenizer object; generations copy the compiled matcher in its initial 
 The llguidance tokenizer also needs a text -> ids function (it tokenizes the bytes a grammar
 forces, to propose them as tokens); it uses the checkpoint's own encoder, and a greedy
 longest-match over the byte table where that encoder would change the text (a SentencePiece
-vocabulary that puts a space in front of every text).
+vocabulary that puts a space in front of every text). Forced bytes are text, so they are never
+tokenized into a special token: where the encoder reads a special token's text (`<|im_end|>` in
+a JSON const) as that token, the text is encoded again with special tokens read as text.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ class _TokenTable:
         self.bos_token_id = bos_token_id
         self._backend = backend
         specials = set(special)
+        self._specials = specials
+        self._text_encoder: Any = None  # _text_encoding's copy of the encoder
         self._by_bytes = {piece: i for i, piece in enumerate(tokens)
                           if piece and i not in specials}
         self._longest = max((len(piece) for piece in self._by_bytes), default=1)
@@ -150,9 +154,26 @@ class _TokenTable:
     def _encode(self, text: str) -> list[int]:
         data = text.encode("utf-8")
         ids = self._backend.encode(text, add_special_tokens=False).ids
-        if b"".join(self.tokens[i] for i in ids) == data:
+        if not self._specials.isdisjoint(ids):  # a special token's text read as that token
+            ids = self._text_encoding(text)
+        if b"".join(self.tokens[i] for i in ids) == data and self._specials.isdisjoint(ids):
             return list(ids)
         return self._greedy(data)
+
+    def _text_encoding(self, text: str) -> list[int]:
+        """The encoder's ids for `text` with special tokens' texts read as text (a copy of the
+        encoder that does so, made the first time a forced text holds one); [] where the
+        encoder cannot be copied (the greedy split answers then)."""
+        if self._text_encoder is None:
+            try:
+                from tokenizers import Tokenizer as Backend
+
+                encoder = Backend.from_str(self._backend.to_str())
+                encoder.encode_special_tokens = True
+            except Exception:  # tokenizers raises plain Exceptions; a stand-in has no to_str
+                return []
+            self._text_encoder = encoder
+        return list(self._text_encoder.encode(text, add_special_tokens=False).ids)
 
     def _greedy(self, data: bytes) -> list[int]:
         """Longest match first over the byte table (a fallback: the encoder changed the text)."""

@@ -115,26 +115,38 @@ class ConstraintRequest:
     # The special tokens a grammar names (Constraint.grammar's special_tokens): a Harmony
     # call grammar's markers where the tokenizer has them as special tokens.
     special_tokens: tuple[str, ...] = ()
+    # The field that declared special_tokens (constraint.special_tokens), which a token the
+    # tokenizer lacks is refused by (server/special_tokens.py); "": declared by the server.
+    special_tokens_field: str = ""
 
     def build(self, tokenizer: Any) -> Any:
         for where, schema in self.tools:
             _compiled(where, "json_schema", schema, tokenizer)
+        if self.special_tokens_field and tokenizer is not None:
+            from exactdraft.server.special_tokens import FieldRefusal, require_served
+
+            try:
+                require_served(self.special_tokens, tokenizer, self.special_tokens_field,
+                               self.field)
+            except FieldRefusal as refusal:
+                raise RequestError(str(refusal), refusal.field) from None
         return _compiled(self.field, self.kind, self.value, tokenizer, self.special_tokens)
 
 
 def _compiled(field_name: str, kind: str, value: Any, tokenizer: Any,
               special_tokens: tuple[str, ...] = ()) -> Any:
-    from exactdraft.constraints.constraint import Constraint
     from exactdraft.constraints.kinds import BY_NAME
     from exactdraft.errors import ConstraintError
 
     try:
-        constraint = Constraint.grammar(value, special_tokens) if special_tokens else \
-            BY_NAME[kind].build(value)
+        constraint = BY_NAME[kind].build(value, special_tokens=special_tokens) \
+            if special_tokens else BY_NAME[kind].build(value)
         if tokenizer is not None:  # without one the engine refuses the constraint itself
             constraint.compile_for(tokenizer)
     except (ConstraintError, TokenizerError, TypeError, ValueError) as error:
-        reason = str(error).splitlines()[0]
+        from exactdraft.server.special_tokens import request_wording
+
+        reason = request_wording(str(error).splitlines()[0])
         raise RequestError(f"{field_name}: {reason}", field_name) from None
     return constraint
 
@@ -182,12 +194,27 @@ def constraint_from(body: Mapping[str, Any], tool_constraint: ConstraintRequest 
                                "response_format.type")
     extension = body.get("constraint")
     if extension is not None:
-        if not isinstance(extension, dict) or len(extension) != 1 or \
-                next(iter(extension)) not in BY_NAME:
-            raise RequestError(f"constraint must be an object with one of the keys "
-                               f"{', '.join(BY_NAME)}", "constraint")
-        kind, value = next(iter(extension.items()))
-        found.append(ConstraintRequest(f"constraint.{kind}", kind, value))
+        from exactdraft.server.special_tokens import (
+            FIELD,
+            KEY,
+            FieldRefusal,
+            declared_special_tokens,
+        )
+
+        kinds = [key for key in extension if key != KEY] if isinstance(extension, dict) else []
+        if len(kinds) != 1 or kinds[0] not in BY_NAME:
+            raise RequestError(f"constraint must be an object with (beside a grammar's "
+                               f"{KEY}) one of the keys {', '.join(BY_NAME)}", "constraint")
+        kind, value = kinds[0], extension[kinds[0]]
+        try:
+            names = declared_special_tokens(extension, kind)
+        except FieldRefusal as refusal:
+            raise RequestError(str(refusal), refusal.field) from None
+        if names:
+            _sized(FIELD, list(names))
+        found.append(ConstraintRequest(f"constraint.{kind}", kind, value,
+                                       special_tokens=names,
+                                       special_tokens_field=FIELD if names else ""))
     if tool_constraint is not None:
         found.append(tool_constraint)
     if len(found) > 1:

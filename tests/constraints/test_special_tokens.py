@@ -1,6 +1,7 @@
 """Grammars that name special tokens (exactdraft/constraints/special_tokens.py): where the
 grammar names a special token, the mask allows that token's id and nothing else, while the
-same marker written as text allows only the text's first character (the special id masked);
+same marker written as text allows only the text's first character (the special id masked)
+and is forced in characters;
 a declared name is checked without a tokenizer, an undeclared one is refused with the hint to
 declare it, and a tokenizer that lacks the token (or has it only as ordinary text) is refused
 naming it."""
@@ -60,10 +61,10 @@ def test_a_named_special_token_is_the_only_token_allowed_there():
     assert text.valid_prefix([channel]) == 0
     with pytest.raises(ConstraintError, match="not allowed"):
         text.consume(channel)
-    # Where the whole marker is forced as text, the tokenizer spells those bytes as the special
-    # token, which text never produces: the grammar is refused for this tokenizer.
-    with pytest.raises(ConstraintError, match="beyond what llguidance can follow"):
-        Constraint.grammar('start: "go<|channel|>x" /[a-z]+/').compile_for(tokenizer)
+    # Where the whole marker is forced as text, it is forced in characters, never as the id.
+    forced = matcher_after(Constraint.grammar('start: "go<|channel|>x" /[a-z]+/'), tokenizer,
+                           "go").forced()
+    assert forced == [tokenizer.backend.token_to_id(c) for c in "<|channel|>x"]
 
 
 def test_forced_special_tokens_are_proposed_as_drafts():
@@ -113,3 +114,37 @@ def test_a_tokenizer_without_the_special_token_is_refused_naming_it():
         with pytest.raises(ConstraintError, match="<\\|channel\\|>, which this tokenizer"):
             call()
     constraint.compile_for(tiny_tokenizer())  # the control: compiles where it is special
+
+
+def test_the_declared_tokens_are_part_of_what_a_constraint_is_kept_by():
+    """The same grammar text with and without declared tokens: two constraints, neither
+    answered from the other's kept build."""
+    named = 'start: "a" <|channel|>'
+    Constraint.grammar(named, special_tokens=["<|channel|>"])
+    with pytest.raises(ConstraintError, match="unknown special token"):
+        Constraint.grammar(named)  # built after the declared one, still refused
+    plain = 'start: "a" /[a-z]/'
+    declared = Constraint.grammar(plain, special_tokens=["<|message|>"])
+    undeclared = Constraint.grammar(plain)
+    assert declared != undeclared and undeclared.special_tokens == ()
+    lacking = tiny_tokenizer(special=False)
+    undeclared.compile_for(lacking)  # the control: nothing declared, nothing required
+    with pytest.raises(ConstraintError, match="<\\|message\\|>, which this tokenizer"):
+        declared.compile_for(lacking)
+
+
+def test_gbnf_takes_declared_special_tokens():
+    """GBNF has no syntax for a special token; a Lark grammar given as gbnf can name them."""
+    tokenizer = tiny_tokenizer()
+    channel = tokenizer.backend.token_to_id("<|channel|>")
+    lark = Constraint.gbnf('start: "go" <|channel|> /[a-z]+/', special_tokens=["<|channel|>"])
+    assert lark == Constraint.grammar('start: "go" <|channel|> /[a-z]+/',
+                                      special_tokens=["<|channel|>"])
+    assert matcher_after(lark, tokenizer, "go").only_allowed() == channel
+    gbnf = Constraint.gbnf('root ::= "go" [a-z]+', special_tokens=["<|channel|>"])
+    assert gbnf.special_tokens == ("<|channel|>",) and Constraint.gbnf(
+        'root ::= "go" [a-z]+').special_tokens == ()
+    with pytest.raises(ConstraintError, match="special_tokens=\\[\\.\\.\\.\\]"):
+        Constraint.gbnf('start: "go" <|channel|> /[a-z]+/')  # named, not declared
+    with pytest.raises(ConstraintError, match="special_tokens\\[1\\]"):
+        Constraint.gbnf('root ::= "go"', special_tokens=["<|channel|>", "channel"])

@@ -4,8 +4,8 @@ writes for a call (the markers' ids, <|call|> the stop token at the end) are exa
 allows, and their text reads back through the reasoning splitter and the call reader; through
 the server, a forced call (named and required) on the tiny llama with that tokenizer and the
 Harmony template returns a parsed call whose arguments validate, streamed as whole. Negative
-controls: the text-form grammar (the markers as text) refuses the marker ids and is refused for
-that tokenizer, by the constraint and by the server."""
+controls: the text-form grammar (the markers as text) refuses the marker ids and writes the
+markers in characters for that tokenizer, in the constraint and through the server."""
 
 from __future__ import annotations
 
@@ -150,12 +150,16 @@ def test_negative_control_the_text_form_refuses_the_marker_tokens(harmony_tokeni
     text_form = Constraint.grammar(constraint_grammar(format_named("harmony"), FUNCTIONS,
                                                       "get_weather", False))
     assert text_form.special_tokens == ()
-    # The markers as text: the tokenizer spells the forced "<|channel|>" as its special
-    # token, which no text produces, so the grammar is refused for this tokenizer ...
-    with pytest.raises(ConstraintError, match="beyond what llguidance can follow"):
-        text_form.compile_for(harmony_tokenizer)
-    # ... and even past the forced bytes it would allow the first character, never the id.
+    # The markers as text: the forced "<|channel|>" is written in characters, never as the
+    # special token, so the marker ids a model writes for a call are refused at once ...
+    markers = {harmony_tokenizer.encode(marker)[0] for marker in SPECIAL_MARKERS}
+    forced = text_form.matcher(harmony_tokenizer, harmony_tokenizer.vocab_size,
+                               harmony_tokenizer.stop_token_ids).forced()
+    assert harmony_tokenizer.decode(forced) == "<|channel|>" and len(forced) == 11
+    assert not set(forced) & markers
     ids = harmony_tokenizer.encode(CALL + "<|call|>")
+    assert walk(text_form, harmony_tokenizer, ids) == (0, False)
+    # ... where the special form takes them all.
     special = special_constraint("get_weather")
     special.compile_for(harmony_tokenizer)
     assert walk(special, harmony_tokenizer, ids) == (len(ids), True)
@@ -257,9 +261,26 @@ def test_a_forced_call_through_the_server_is_a_parsed_call(served, tool_choice):
                                   else set(SCHEMAS))
 
 
-def test_negative_control_the_server_with_the_text_form_refuses_the_call(served, monkeypatch):
-    base, _ = served
+def test_negative_control_the_server_with_the_text_form_spells_the_markers(served,
+                                                                          monkeypatch):
+    """The text form on this tokenizer is served, but writes the markers in characters (never
+    as a model with these special tokens writes them), where the special form writes their
+    ids."""
+    base, tokenizer = served
+    markers = {tokenizer.encode(marker)[0] for marker in SPECIAL_MARKERS}
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 40,
+            "logprobs": True, "seed": 1}
+
+    def written() -> tuple[str, set[int]]:
+        status, reply = post(base, "/v1/chat/completions", body)
+        assert status == 200, reply
+        ids = [entry["token_id"] for entry in reply["choices"][0]["logprobs"]["content"]]
+        if ids[-1] in tokenizer.stop_token_ids:  # <|call|>, a marker, may be the stop token
+            ids.pop()
+        return tokenizer.decode(ids), set(ids)
+
+    text, ids = written()
+    assert text.startswith("<|channel|>") and ids & markers
     monkeypatch.setattr(requests, "markers_are_special", lambda tokenizer: False)
-    status, reply = post(base, "/v1/chat/completions", {
-        "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 40})
-    assert status == 400 and reply["error"]["param"] == "tools", reply
+    text, ids = written()
+    assert text.startswith("<|channel|>") and not ids & markers

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import statistics
 import sys
 import time
@@ -91,9 +92,10 @@ def model_matrices(model: str | None, float32: bool = False,
     return packed
 
 
-def random_matrices(shape: str, formats: list[str], native=None) -> list:
+def random_matrices(shape: str, formats: list[str], native: object | None = None) -> list:
     """One random [N, K] matrix per format (`shape` "KxN", as cpu_kernels.py writes it; the
-    blocks cpu_kernels.py times), packed in the dot layout by the build `native`."""
+    blocks cpu_kernels.py times), packed in the dot layout by the build `native` (default this
+    checkout's)."""
     from cpu_kernels import format_blocks
 
     from exactdraft.formats import QuantizedTensor
@@ -102,11 +104,11 @@ def random_matrices(shape: str, formats: list[str], native=None) -> list:
     depth, columns = (int(value) for value in shape.split("x"))
     rng = np.random.default_rng(0)
     packed = []
-    for format in formats:
+    for name in formats:
         dense = rng.standard_normal((columns, depth), dtype=np.float32)
-        tensor = QuantizedTensor(format, format_blocks(format, dense), (columns, depth))
-        records = _dot_records(_as_bytes(tensor.data), format, depth, native)
-        packed.append((format, PackedMatrix(format, (columns, depth), records, "dot")))
+        tensor = QuantizedTensor(name, format_blocks(name, dense), (columns, depth))
+        records = _dot_records(_as_bytes(tensor.data), name, depth, native)
+        packed.append((name, PackedMatrix(name, (columns, depth), records, "dot")))
     return packed
 
 
@@ -164,6 +166,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.shape and (not args.formats or args.float32 or args.model):
         parser.error("--shape takes --formats, and neither --model nor --float32")
+    if args.shape and not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", args.shape):
+        parser.error(f"--shape must be KxN (two positive integers), got {args.shape!r}")
     builds = load_builds(args.other, args.threads)
     formats = args.formats.split(",") if args.formats else None
     # Each build packs its own records: their layout may differ between the builds.

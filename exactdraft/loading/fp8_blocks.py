@@ -9,12 +9,12 @@ of 32 stays in its codes, as a QuantizedTensor of format fp8_e4m3 (formats/fp8_e
 block of 32 weights of a row with the float32 scale of the checkpoint block it lies in), whose
 values are those same products; every other fp8 weight is float32. The e4m3fn codes are
 decoded by bit arithmetic, exactly (every code is a float32). Blocks at the right and bottom
-edges cover what is left of a dimension that is not a multiple of the block size. Refused with the file and tensor
-named when the checkpoint is opened: an fp8 weight with fewer than two dimensions, without its
-scale or with a scale of the wrong shape or of a dtype other than F32, BF16 or F16 (each widens
-to float32 exactly), a scale without an fp8 weight, and any other float8 kind. A weight that
-holds the NaN code (0x7F, 0xFF), or whose scale is not finite, is refused when it is read, with
-the position named.
+edges cover what is left of a dimension that is not a multiple of the block size. Refused with
+the file and tensor named when the checkpoint is opened: an fp8 weight with fewer than two
+dimensions, without its scale or with a scale of the wrong shape or of a dtype other than F32,
+BF16 or F16 (each widens to float32 exactly), a scale without an fp8 weight, and any other
+float8 kind. A weight that holds the NaN code (0x7F, 0xFF), or whose scale is not finite, is
+refused when it is read, with the position named, whichever form it is read in.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> None:
             x = torch.from_numpy(np.random.default_rng(m).standard_normal((m, depth),
                                                                           dtype=np.float32))
             outputs.setdefault(name, []).append(backend.linear(x, matrix).numpy().tobytes())
-            call = (lambda x=x, w=matrix: backend.linear(x, w))
-            times.append(best_seconds(call, args.repeat) * 1e6)
+            seconds = best_seconds(lambda x=x, w=matrix: backend.linear(x, w), args.repeat)
+            times.append(seconds * 1e6)
         print(f"{name:>9} {held / 2**20:9.2f} {held / stored:9.3f} {times[0]:9.1f} "
               f"{times[1]:9.1f}", flush=True)
     same = outputs["fp8_e4m3"] == outputs["f32"]

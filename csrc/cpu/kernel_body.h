@@ -81,11 +81,21 @@ static ALWAYS_INLINE void decode_block(const int format, const uint8_t *p, vf w[
         const float scale = half_to_float(p);
         vf_decode_q4(p + 2, vf_set1(scale), vf_set1(-8.0f * scale), w);
     } else if (format == FORMAT_FP8_E4M3) {
-        /* Decoded in C (the same at every level), then one vector multiply per VW weights. */
-        _Alignas(64) float values[QUANT_BLOCK];
-        e4m3_block_values(p, values);
-        const vf scale = vf_set1(e4m3_block_scale(p));
-        for (int v = 0; v < BLOCK_VECTORS; v++) w[v] = vf_mul(vf_load(values + v * VW), scale);
+        /* bfloat16 bits as if every code were normal (fp8_e4m3.h); below 2^-6 in magnitude
+         * only the codes of exponent 0, whose 2^-7 (1 + m / 8) becomes m 2^-9 = 2 a - 2^-6
+         * (exact: Sterbenz). The sign joins through the scale: v (-s) == -(v s), and code 0x80
+         * gives +0 (-s) = -0, the product the float32 path forms from -0.0. */
+        uint16_t halves[QUANT_BLOCK];
+        e4m3_block_halves(p, halves);
+        const float scale = e4m3_block_scale(p);
+        const vf smallest_normal = vf_set1(0x1p-6f), plus = vf_set1(scale),
+                 minus = vf_set1(-scale), zero = vf_zero();
+        for (int v = 0; v < BLOCK_VECTORS; v++) {
+            const vf f = vf_load_bf16(halves + v * VW), a = vf_abs(f);
+            const vf small = vf_sub(vf_add(a, a), smallest_normal);
+            const vf magnitude = vf_select_greater(smallest_normal, a, small, a);
+            w[v] = vf_mul(magnitude, vf_select_greater(zero, f, minus, plus));
+        }
     } else {
         vf_decode_q4(p + 4, vf_set1(half_to_float(p)), vf_set1(half_to_float(p + 2)), w);
     }

@@ -17,9 +17,9 @@
  * each code of a block, as if every code were normal: the same sign, the magnitude bits shifted
  * up by 4 and 120 added to the exponent field (exponent e of bias 7 becomes e + 120 of bias
  * 127). That is the code's value for exponents 1 .. 15; a code of exponent 0 comes out as
- * 2^-7 (1 + m / 8) instead of m 2^-9, which e4m3_block_values corrects in floats. S.1111.111
- * becomes bfloat16's quiet NaN. Written with masks, not branches, so that compilers turn the
- * loop into vector code (16-bit lanes). */
+ * 2^-7 (1 + m / 8) instead of m 2^-9, which decode_block (kernel_body.h) corrects in floats.
+ * S.1111.111 becomes bfloat16's quiet NaN. Written with masks, not branches, so that compilers
+ * turn the loop into vector code (16-bit lanes). */
 static inline void e4m3_block_halves(const uint8_t *block, uint16_t out[32])
 {
     for (int i = 0; i < 32; i++) {

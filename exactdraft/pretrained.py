@@ -74,8 +74,9 @@ def load_checkpoint(path_or_id: str | os.PathLike[str] | None, *, keep_quantized
                     revision: str | None = None, cache_dir: str | None = None,
                     with_tokenizer: bool = True, tensor_parallel: Any | None = None) -> Checkpoint:
     """Read a checkpoint (a Hugging Face folder, a .gguf file, or a hub id) and map it through
-    its family. GGUF block-quantized matrices stay in their blocks unless keep_quantized=False,
-    which dequantizes them to float32. `tensor_parallel` (a rank count or
+    its family. GGUF block-quantized matrices, and the matrices of block-scaled FP8 folders
+    (as fp8_e4m3), stay in their blocks unless keep_quantized=False, which dequantizes them to
+    float32. `tensor_parallel` (a rank count or
     exactdraft.parallel.ParallelSettings) splits the model across torch.distributed's ranks
     when it is built; a split the model cannot take is refused here."""
     if tensor_parallel is not None:
@@ -101,7 +102,7 @@ def _read_checkpoint(path_or_id: str | os.PathLike[str] | None, keep_quantized: 
             raise CheckpointError(f"{path}: a model file must be .gguf (or pass a folder with "
                                   "config.json and safetensors)")
         return _load_gguf(path, keep_quantized, with_tokenizer)
-    return _load_folder(path, with_tokenizer)
+    return _load_folder(path, keep_quantized, with_tokenizer)
 
 
 def _load_gguf(path: str, keep_quantized: bool, with_tokenizer: bool) -> Checkpoint:
@@ -139,10 +140,10 @@ def _load_gguf(path: str, keep_quantized: bool, with_tokenizer: bool) -> Checkpo
     return Checkpoint(family, config, tensors, tokenizer, path, metadata)
 
 
-def _load_folder(folder: str, with_tokenizer: bool) -> Checkpoint:
+def _load_folder(folder: str, keep_quantized: bool, with_tokenizer: bool) -> Checkpoint:
     from exactdraft.loading.folder import read_folder
 
-    files = read_folder(folder)
+    files = read_folder(folder, keep_quantized)
     source = os.path.join(folder, "config.json")
     family = family_for_model_type(files.config.get("model_type"), source)
     config = family.config_from_hf(files.config, source)

@@ -53,6 +53,14 @@ static uint8_t *random_weights(int format, size_t count, ptrdiff_t depth)
             memcpy(&bits, &value, 4);
             uint16_t top = (uint16_t)(bits >> 16);
             memcpy(block, &top, 2);
+        } else if (format == FORMAT_FP8_E4M3) {
+            /* A float scale (zero sometimes), then codes of every finite value. */
+            float scale = random_float(1);
+            memcpy(block, &scale, 4);
+            for (int i = 4; i < row->block_bytes; i++) {
+                uint8_t code = (uint8_t)next_random();
+                block[i] = (code & 0x7F) == 0x7F ? (uint8_t)(code ^ 0x01) : code;
+            }
         } else {
             for (int i = 0; i < row->block_bytes; i++) block[i] = (uint8_t)next_random();
             const int halves = format == FORMAT_Q4_1 ? 2 : 1;
@@ -337,6 +345,7 @@ static void check_level(const struct kernel_table *level)
     /* The super-block formats (q6_k, ...) need K in multiples of 256, wider than this layer:
      * their records are checked by check_dot; the table lookup's path is checked here. */
     check_layers(level, FORMAT_IQ4_NL, LAYOUT_DOT, 0, 0, 0);
+    check_layers(level, FORMAT_FP8_E4M3, LAYOUT_GROUPED, 1, 0, 0);
 }
 
 int main(void)

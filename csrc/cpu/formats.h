@@ -32,14 +32,18 @@
     X(TQ2_0, 14, "tq2_0", 256, 66, 0, (32 + 8 * 128) / 8)\
     X(Q1_0, 15, "q1_0", 128, 18, 0, (32 + 4 * 64) / 4)  \
     X(Q2_K, 16, "q2_k", 256, 84, 0, 168)                \
-    X(Q3_K, 17, "q3_k", 256, 110, 0, 228)
+    X(Q3_K, 17, "q3_k", 256, 110, 0, 228)                \
+    X(FP8_E4M3, 18, "fp8_e4m3", 32, 36, 1, 0)
 
 #define FORMAT_ENUM_ENTRY(ID, CODE, NAME, BLOCK, BYTES, FLOAT, DOT) FORMAT_##ID = CODE,
 enum weight_format { WEIGHT_FORMATS(FORMAT_ENUM_ENTRY) FORMAT_COUNT };
 #undef FORMAT_ENUM_ENTRY
 
-/* The formats with float kernels are codes 0 .. FLOAT_FORMAT_COUNT - 1. */
-#define FLOAT_FORMAT_COUNT 5
+/* The formats with float kernels: codes 0 .. 4 and fp8_e4m3 (fp8_e4m3.h, a float scale and
+ * e4m3fn codes per block of 32), which FLOAT_FORMAT_INDEX maps to the float kernels' table row
+ * after them. */
+#define FLOAT_FORMAT_COUNT 6
+#define FLOAT_FORMAT_INDEX(format) ((format) == FORMAT_FP8_E4M3 ? 5 : (format))
 
 struct format_row {
     const char *name;

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "fp8_e4m3.h"
 #include "kernels.h"
 
 #define BLOCK_VECTORS (QUANT_BLOCK / VW)
@@ -63,7 +64,8 @@ struct tile_args {
 
 
 /* Weights k = 32 block .. 32 block + 31 of one row as floats: exact, except q4_1's d q + m, which
- * is rounded once (as gguf's own dequantization does). */
+ * is rounded once (as gguf's own dequantization does), and fp8_e4m3's code times scale, rounded
+ * once (as the checkpoint's block dequantization does). */
 static ALWAYS_INLINE void decode_block(const int format, const uint8_t *p, vf w[BLOCK_VECTORS])
 {
     if (format == FORMAT_F32) {
@@ -78,6 +80,22 @@ static ALWAYS_INLINE void decode_block(const int format, const uint8_t *p, vf w[
         /* (q - 8) d == q d - 8 d exactly: both are small integers times a half. */
         const float scale = half_to_float(p);
         vf_decode_q4(p + 2, vf_set1(scale), vf_set1(-8.0f * scale), w);
+    } else if (format == FORMAT_FP8_E4M3) {
+        /* bfloat16 bits as if every code were normal (fp8_e4m3.h); below 2^-6 in magnitude
+         * only the codes of exponent 0, whose 2^-7 (1 + m / 8) becomes m 2^-9 = 2 a - 2^-6
+         * (exact: Sterbenz). The sign joins through the scale: v (-s) == -(v s), and code 0x80
+         * gives +0 (-s) = -0, the product the float32 path forms from -0.0. */
+        uint16_t halves[QUANT_BLOCK];
+        e4m3_block_halves(p, halves);
+        const float scale = e4m3_block_scale(p);
+        const vf smallest_normal = vf_set1(0x1p-6f), plus = vf_set1(scale),
+                 minus = vf_set1(-scale), zero = vf_zero();
+        for (int v = 0; v < BLOCK_VECTORS; v++) {
+            const vf f = vf_load_bf16(halves + v * VW), a = vf_abs(f);
+            const vf small = vf_sub(vf_add(a, a), smallest_normal);
+            const vf magnitude = vf_select_greater(smallest_normal, a, small, a);
+            w[v] = vf_mul(magnitude, vf_select_greater(zero, f, minus, plus));
+        }
     } else {
         vf_decode_q4(p + 4, vf_set1(half_to_float(p)), vf_set1(half_to_float(p + 2)), w);
     }
@@ -176,10 +194,12 @@ typedef void (*tile_function)(const struct tile_args *a);
 
 FORMAT_INSTANCES(0) FORMAT_INSTANCES(1) FORMAT_INSTANCES(2) FORMAT_INSTANCES(3)
 FORMAT_INSTANCES(4)
+FORMAT_INSTANCES(FORMAT_FP8_E4M3)
 
-/* The float kernels' formats only (codes below FLOAT_FORMAT_COUNT). */
+/* The float kernels' formats only, by FLOAT_FORMAT_INDEX (formats.h). */
 static const tile_function tiles[FLOAT_FORMAT_COUNT][TILE_ROWS][TILE_COLUMNS] = {
     FORMAT_TABLE(0), FORMAT_TABLE(1), FORMAT_TABLE(2), FORMAT_TABLE(3), FORMAT_TABLE(4),
+    FORMAT_TABLE(FORMAT_FP8_E4M3),
 };
 
 #if WEIGHT_GROUP % TILE_COLUMNS
@@ -214,7 +234,7 @@ static void matmul_columns(const struct matmul_problem *p, ptrdiff_t first, ptrd
                 int rows = (int)min_index(TILE_ROWS, m1 - m);
                 a.x = p->x + m * p->depth;
                 a.out = p->out + m * a.out_stride + n;
-                tiles[p->format][rows - 1][columns - 1](&a);
+                tiles[FLOAT_FORMAT_INDEX(p->format)][rows - 1][columns - 1](&a);
             }
         }
     }

@@ -6,8 +6,10 @@ weight format only; attention reads fixed tiles aligned to absolute positions an
 a row's own position; thread partitions follow the weight shape), so no row ever depends on
 the row count, its place in the pass, or the thread count. Weights stay in their stored format:
 float32, bfloat16 (dtype="bfloat16"), or GGUF blocks (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k,
-q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, tq1_0, tq2_0, q1_0) when a checkpoint is loaded
-with keep_quantized=True (the default); activations and the KV cache are float32. Quantized weights
+q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, tq1_0, tq2_0, q1_0) or a block-scaled FP8
+folder's fp8_e4m3 blocks when a checkpoint is loaded with keep_quantized=True (the default);
+activations and the KV cache are float32. fp8_e4m3 weights always multiply float32
+activations, with the bytes of their float32 values' matmul. Other quantized weights
 multiply int8-quantized activation rows with exact integer block sums by default
 (quantized_activations=True, as llama.cpp does; each row is quantized on its own, so rows stay
 invariant); quantized_activations=False keeps float32 activations for q8_0/q4_0/q4_1 and

@@ -19,6 +19,7 @@ import numpy as np
 
 import exactdraft.formats.dequantize as dequantize
 import exactdraft.formats.dequantize_lookup as dequantize_lookup
+import exactdraft.formats.fp8_e4m3 as fp8_e4m3
 import exactdraft.formats.ternary_blocks as ternary_blocks
 from exactdraft.errors import WeightError
 
@@ -28,7 +29,7 @@ class WeightFormat:
     """One weight format: `block_size` weights along K take `block_bytes` bytes."""
 
     name: str
-    ggml_type: int  # the GGUF tensor type id
+    ggml_type: int | None  # the GGUF tensor type id; None for a format GGUF has no type for
     block_size: int
     block_bytes: int
     # The CPU kernels' code for the format (csrc/cpu/formats.h), None where the CPU path
@@ -104,10 +105,13 @@ _ROWS = (
                  ternary_blocks.fields_tq2_0),
     WeightFormat("q1_0", 41, 128, 18, 15, False, True, None, ternary_blocks.values_q1_0,
                  ternary_blocks.fields_q1_0),
+    # Block-scaled FP8 checkpoints held in memory (formats/fp8_e4m3.py); no GGUF type.
+    WeightFormat("fp8_e4m3", None, 32, 36, 18, True, False, None, fp8_e4m3.values_fp8_e4m3),
 )
 FORMATS: Mapping[str, WeightFormat] = {row.name: row for row in _ROWS}
-_BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS}
-BLOCK_FORMATS = tuple(row.name for row in _ROWS if row.quantized)
+_BY_GGML_TYPE = {row.ggml_type: row for row in _ROWS if row.ggml_type is not None}
+# The GGUF block formats; QuantizedTensor also holds the block formats GGUF has no type for.
+BLOCK_FORMATS = tuple(row.name for row in _ROWS if row.quantized and row.ggml_type is not None)
 
 
 def weight_format(name: str) -> WeightFormat:
@@ -124,14 +128,15 @@ def format_for_ggml_type(type_id: int) -> WeightFormat | None:
 
 
 class QuantizedTensor:
-    """A matrix [N, K] kept in a GGUF block format exactly as the file stores it: `data` is
-    uint8 [N, K / block size * block bytes], each row K / block size consecutive blocks."""
+    """A matrix [N, K] kept in a GGUF block format exactly as the file stores it (or in
+    fp8_e4m3, the blocks of a block-scaled FP8 checkpoint): `data` is uint8
+    [N, K / block size * block bytes], each row K / block size consecutive blocks."""
 
     def __init__(self, format: str, data: np.ndarray, shape: tuple[int, int]) -> None:
         row = weight_format(format)
         if not row.quantized:
             raise WeightError(f"{format} is not a block format; known block formats: "
-                              f"{', '.join(BLOCK_FORMATS)}")
+                              f"{', '.join(row.name for row in _ROWS if row.quantized)}")
         rows, cols = shape
         row_bytes = row.row_bytes(cols)
         if data.dtype != np.uint8 or data.shape != (rows, row_bytes):

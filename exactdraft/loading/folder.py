@@ -65,8 +65,9 @@ def safetensors_files(folder: str) -> list[str]:
     return [os.path.join(folder, f) for f in found]
 
 
-def read_folder(folder: str) -> FolderFiles:
-    """The config, the weights (lazily read) and the generation config of a folder."""
+def read_folder(folder: str, keep_quantized: bool = False) -> FolderFiles:
+    """The config, the weights (lazily read) and the generation config of a folder;
+    keep_quantized keeps block-scaled FP8 matrices in their codes (loading/fp8_blocks.py)."""
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         raise CheckpointError(f"{folder}: no config.json")
@@ -77,7 +78,7 @@ def read_folder(folder: str) -> FolderFiles:
         tensors = AffineTensors(tensors, **quantization)
     fp8_block = fp8_block_settings(raw, config_path)
     if fp8_block is not None:
-        tensors = FP8BlockTensors(tensors, fp8_block)
+        tensors = FP8BlockTensors(tensors, fp8_block, keep_quantized)
     generation_path = os.path.join(folder, "generation_config.json")
     generation = read_json_object(generation_path) if os.path.isfile(generation_path) else None
     return FolderFiles(raw, tensors, folder, generation)

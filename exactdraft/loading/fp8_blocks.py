@@ -1,17 +1,20 @@
 """Block-scaled FP8 safetensors checkpoints (DeepSeek-V3 and R1 as published, and others in
 that format): `float8_e4m3fn` weights with a float32 `weight_scale_inv` of one scale per block.
 
-Invariant: each such weight reaches the model as float32, every element equal to
+Invariant: each such weight reaches the model with every element equal to
 float32(e4m3fn code) * float32(its block's scale) rounded once to nearest-even: one float32
 multiply per weight, the product transformers' FP8 dequantization computes before casting to
-the model's dtype. The e4m3fn codes are decoded by bit
-arithmetic, exactly (every code is a float32). Blocks at the right and bottom edges cover what is
-left of a dimension that is not a multiple of the block size. Refused with the file and tensor
-named when the checkpoint is opened: an fp8 weight with fewer than two dimensions, without its
-scale or with a scale of the wrong shape or of a dtype other than F32, BF16 or F16 (each widens
-to float32 exactly), a scale without an fp8 weight, and any other float8 kind. A weight that
-holds the NaN code (0x7F, 0xFF), or whose scale is not finite, is refused when it is read, with
-the position named.
+the model's dtype. With keep_quantized, a matrix whose columns and column blocks are multiples
+of 32 stays in its codes, as a QuantizedTensor of format fp8_e4m3 (formats/fp8_e4m3.py: each
+block of 32 weights of a row with the float32 scale of the checkpoint block it lies in), whose
+values are those same products; every other fp8 weight is float32. The e4m3fn codes are
+decoded by bit arithmetic, exactly (every code is a float32). Blocks at the right and bottom
+edges cover what is left of a dimension that is not a multiple of the block size. Refused with
+the file and tensor named when the checkpoint is opened: an fp8 weight with fewer than two
+dimensions, without its scale or with a scale of the wrong shape or of a dtype other than F32,
+BF16 or F16 (each widens to float32 exactly), a scale without an fp8 weight, and any other
+float8 kind. A weight that holds the NaN code (0x7F, 0xFF), or whose scale is not finite, is
+refused when it is read, with the position named, whichever form it is read in.
 """
 
 from __future__ import annotations
@@ -22,32 +25,22 @@ from typing import Any
 import numpy as np
 
 from exactdraft.errors import CheckpointError, WeightError
+from exactdraft.formats.fp8_e4m3 import (
+    BLOCK_WEIGHTS,
+    E4M3FN_VALUES,
+    NAN_CODES,
+    e4m3fn_values,
+    pack_fp8_e4m3,
+)
+from exactdraft.formats.table import QuantizedTensor
 from exactdraft.loading.safetensors_file import FLOAT8_DTYPES
+
+__all__ = ["FP8BlockTensors", "block_scale_shape", "dequantize_blocks", "e4m3fn_values",
+           "fp8_block_settings", "fp8_e4m3_matrix", "holds_in_blocks"]
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 _E4M3 = "F8_E4M3"
-_NAN_CODES = (0x7F, 0xFF)
 _SCALE_DTYPES = ("F32", "BF16", "F16")  # each widens to float32 exactly
-
-
-def e4m3fn_values() -> np.ndarray:
-    """The float32 value of each of the 256 float8_e4m3fn codes, by bit arithmetic: sign,
-    4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (mantissa * 2**-9);
-    no infinities, and S.1111.111 is NaN."""
-    codes = np.arange(256, dtype=np.uint32)
-    sign, exponent, mantissa = codes >> 7, (codes >> 3) & 0xF, codes & 0x7
-    # A normal code's float32 bits: the same sign, the exponent rebiased from 7 to 127, the
-    # mantissa in the top three of float32's 23 bits.
-    bits = (sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)
-    values = bits.view(np.float32).copy()
-    subnormal = exponent == 0
-    values[subnormal] = (mantissa[subnormal].astype(np.float32) * np.float32(2.0 ** -9)
-                         * np.where(sign[subnormal] == 1, np.float32(-1), np.float32(1)))
-    values[list(_NAN_CODES)] = np.float32("nan")
-    return values
-
-
-_E4M3_VALUES = e4m3fn_values()
 
 
 def fp8_block_settings(raw_config: Mapping[str, Any],
@@ -76,6 +69,41 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, i
                       name: str = "weight") -> np.ndarray:
     """float32 values of e4m3fn `codes` (uint8, ...xRxC) times their block's float32 scale
     (...xceil(R/rows)xceil(C/columns)), one float32 multiply per element."""
+    codes, scales = _checked_blocks(codes, scales, block, name)
+    rows, columns = codes.shape[-2:]
+    per_element = np.repeat(np.repeat(scales, block[0], axis=-2)[..., :rows, :],
+                            block[1], axis=-1)[..., :columns]
+    return E4M3FN_VALUES[codes] * per_element
+
+
+def holds_in_blocks(shape: tuple[int, ...], block: tuple[int, int]) -> bool:
+    """Whether a weight of `shape` stays in its codes as fp8_e4m3: a matrix whose columns and
+    column blocks are multiples of 32, so that each block of 32 weights of a row lies inside
+    one checkpoint block."""
+    return len(shape) == 2 and shape[1] % BLOCK_WEIGHTS == 0 and block[1] % BLOCK_WEIGHTS == 0
+
+
+def fp8_e4m3_matrix(codes: np.ndarray, scales: np.ndarray, block: tuple[int, int],
+                    name: str = "weight") -> QuantizedTensor:
+    """The fp8_e4m3 QuantizedTensor of e4m3fn `codes` (uint8 RxC, C and block[1] multiples of
+    32) and their block scales (ceil(R/rows)xceil(C/columns)): element for element the values
+    dequantize_blocks gives, refused alike (NaN code, non-finite scale, wrong scale shape)."""
+    codes, scales = _checked_blocks(codes, scales, block, name)
+    if not holds_in_blocks(codes.shape, block):
+        raise WeightError(f"tensor {name!r} of shape {tuple(codes.shape)} with blocks of "
+                          f"{block[0]}x{block[1]} does not fit fp8_e4m3 (a matrix whose "
+                          f"columns and column blocks are multiples of {BLOCK_WEIGHTS})")
+    rows, columns = codes.shape
+    blocks = columns // BLOCK_WEIGHTS
+    per_block = np.repeat(scales, block[0], axis=0)[:rows]
+    per_block = np.repeat(per_block, block[1] // BLOCK_WEIGHTS, axis=1)[:, :blocks]
+    return QuantizedTensor("fp8_e4m3", pack_fp8_e4m3(codes, per_block), (rows, columns))
+
+
+def _checked_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, int],
+                    name: str) -> tuple[np.ndarray, np.ndarray]:
+    """codes and float32 scales, or a WeightError naming the tensor: the scale grid must fit,
+    no code may be NaN and every scale must be finite."""
     codes = np.asarray(codes)
     scales = np.asarray(scales, dtype=np.float32)
     expected = block_scale_shape(codes.shape, block)
@@ -86,17 +114,14 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, i
         raise WeightError(f"tensor {name!r} of shape {tuple(codes.shape)} needs a scale of "
                           f"shape {expected} for blocks of {block[0]}x{block[1]}, got "
                           f"{tuple(scales.shape)}")
-    nan = np.isin(codes, _NAN_CODES)
+    nan = np.isin(codes, NAN_CODES)
     if nan.any():
         where = tuple(int(i) for i in np.argwhere(nan)[0])
         raise WeightError(f"tensor {name!r} holds the fp8 NaN code at {where}")
     if not np.isfinite(scales).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
         raise WeightError(f"tensor {name + SCALE_SUFFIX!r} holds {scales[where]} at {where}")
-    rows, columns = codes.shape[-2:]
-    per_element = np.repeat(np.repeat(scales, block[0], axis=-2)[..., :rows, :],
-                            block[1], axis=-1)[..., :columns]
-    return _E4M3_VALUES[codes] * per_element
+    return codes, scales
 
 
 def block_scale_shape(shape: tuple[int, ...],
@@ -110,11 +135,12 @@ def block_scale_shape(shape: tuple[int, ...],
 
 
 class FP8BlockTensors(Mapping):
-    """A view of a safetensors mapping in which each fp8 weight is float32 and its
+    """A view of a safetensors mapping in which each fp8 weight is float32, or with
+    keep_quantized an fp8_e4m3 QuantizedTensor where it fits (holds_in_blocks), and its
     `weight_scale_inv` is gone."""
 
-    def __init__(self, tensors: Any, block: tuple[int, int]) -> None:
-        self.tensors, self.block = tensors, block
+    def __init__(self, tensors: Any, block: tuple[int, int], keep_quantized: bool = False) -> None:
+        self.tensors, self.block, self.keep_quantized = tensors, block, keep_quantized
         entries = tensors.entries
         self.scaled: set[str] = set()
         for name, entry in entries.items():
@@ -155,9 +181,11 @@ class FP8BlockTensors(Mapping):
             if name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in self.scaled:
                 raise KeyError(name)
             return self.tensors[name]
+        read = fp8_e4m3_matrix if self.keep_quantized and holds_in_blocks(
+            self.shape(name), self.block) else dequantize_blocks
         try:
-            return dequantize_blocks(self.tensors.stored(name),
-                                     self.tensors[name + SCALE_SUFFIX], self.block, name)
+            return read(self.tensors.stored(name), self.tensors[name + SCALE_SUFFIX], self.block,
+                        name)
         except WeightError as error:
             raise WeightError(f"{self.tensors.entries[name].path}: {error}") from None
 

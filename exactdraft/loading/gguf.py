@@ -147,9 +147,9 @@ class GGUFFile:
         row = format_for_ggml_type(kind)
         if row is None:
             kind_name = _UNREAD_TYPES.get(kind, f"{kind} (unknown)")
+            supported = (f.name.upper() for f in FORMATS.values() if f.ggml_type is not None)
             raise WeightError(f"{path}: tensor {name!r} has type {kind_name}, which is not "
-                              f"supported; supported: "
-                              f"{', '.join(f.name.upper() for f in FORMATS.values())}")
+                              f"supported; supported: {', '.join(supported)}")
         if name in self.tensors:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         if any(d < 1 for d in shape) or int(np.prod(shape, dtype=np.float64)) > size * 8:

@@ -71,8 +71,8 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, block: tuple[int, i
     (...xceil(R/rows)xceil(C/columns)), one float32 multiply per element."""
     codes, scales = _checked_blocks(codes, scales, block, name)
     rows, columns = codes.shape[-2:]
-    per_element = np.repeat(np.repeat(scales, block[0], axis=-2)[..., :rows, :],
-                            block[1], axis=-1)[..., :columns]
+    # Indexed, not repeated: a checkpoint's block sizes may be far larger than its weights.
+    per_element = scales[..., np.arange(rows) // block[0], :][..., np.arange(columns) // block[1]]
     return E4M3FN_VALUES[codes] * per_element
 
 
@@ -95,8 +95,8 @@ def fp8_e4m3_matrix(codes: np.ndarray, scales: np.ndarray, block: tuple[int, int
                           f"columns and column blocks are multiples of {BLOCK_WEIGHTS})")
     rows, columns = codes.shape
     blocks = columns // BLOCK_WEIGHTS
-    per_block = np.repeat(scales, block[0], axis=0)[:rows]
-    per_block = np.repeat(per_block, block[1] // BLOCK_WEIGHTS, axis=1)[:, :blocks]
+    first_columns = np.arange(blocks) * BLOCK_WEIGHTS
+    per_block = scales[np.arange(rows) // block[0]][:, first_columns // block[1]]
     return QuantizedTensor("fp8_e4m3", pack_fp8_e4m3(codes, per_block), (rows, columns))
 
 

@@ -63,4 +63,5 @@ def weight_rows(weight: Any, start: int, end: int) -> Any:
             raise ParameterError(f"a weight matrix must be 2-D, got shape {weight.shape}")
         return weight[start:end]
     raise ParameterError(f"tensor parallel cannot split a weight of type "
-                         f"{type(weight).__name__}; supported: float32 arrays and GGUF blocks")
+                         f"{type(weight).__name__}; supported: float32 arrays, GGUF blocks and "
+                         f"fp8_e4m3 blocks")

@@ -263,3 +263,21 @@ def test_fp8_without_its_quantization_config_is_refused(float_checkpoint, tmp_pa
 def test_bad_fp8_settings_are_refused_by_key(float_checkpoint, tmp_path, config, message):
     with pytest.raises(CheckpointError, match=message):
         read_folder(_edited(float_checkpoint, tmp_path, lambda s: None, config=config))
+
+
+def test_block_sizes_far_larger_than_the_weight_take_no_memory_of_their_size():
+    """A checkpoint may declare any block size: the scales are indexed per element, never
+    repeated out to the block size (2**35 columns would take 128 GiB), and the values equal
+    those of the block size cut to the weight."""
+    from exactdraft.loading.fp8_blocks import fp8_e4m3_matrix
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 0x7E, (4, 64), dtype=np.uint8)
+    scales = np.float32([[0.5]])
+    for block in ((1 << 33, 64), (4, 1 << 35)):
+        values = dequantize_blocks(codes, scales, block)
+        assert values.tobytes() == dequantize_blocks(codes, scales, (4, 64)).tobytes()
+        held = fp8_e4m3_matrix(codes, scales, block)
+        assert held.dequantize().tobytes() == values.tobytes()
+    # Negative control: another scale gives other bytes.
+    assert dequantize_blocks(codes, np.float32([[0.25]]), (4, 64)).tobytes() != values.tobytes()

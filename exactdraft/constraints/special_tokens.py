@@ -8,7 +8,10 @@ to allow one. Invariant: a grammar that names special tokens declares them (`spe
 of Constraint.grammar); it is checked when built against llguidance's byte vocabulary plus
 exactly those tokens (`byte_tokenizer_with`), and compiled only for a tokenizer that has each
 of them as a special token (`require_special`, a ConstraintError naming the missing one).
-A name used without being declared is refused when built, with the hint to declare it.
+A name used without being declared is refused when built, with the hint to declare it, and so
+is a token-id reference (llguidance's `<[1]>`, `<[1-5]>`), which would force a token by id past
+the declaration (`refuse_token_ids`; the same text inside a "string", a /regex/ or a // comment
+is not one).
 """
 
 from __future__ import annotations
@@ -86,6 +89,47 @@ def require_special(names: Sequence[str], bridge: Any, kind: str) -> None:
     if missing:
         raise ConstraintError(f"the {kind} names the special token(s) {', '.join(missing)}, "
                               f"which this tokenizer does not have as special tokens")
+
+
+def token_id_references(lark: str) -> list[str]:
+    """The token-id references (`<[...]>`) in a Lark grammar, in order, outside its "string"
+    and /regex/ literals and // comments (where the same characters are text)."""
+    found, index, size = [], 0, len(lark)
+    while index < size:
+        char = lark[index]
+        if lark.startswith("//", index):
+            end = lark.find("\n", index)
+            index = size if end < 0 else end
+        elif char in "\"/":
+            index = _literal_end(lark, index)
+        elif lark.startswith("<[", index):
+            end = lark.find("]>", index + 2)
+            if end < 0:
+                break  # not a reference; llguidance says what is wrong
+            found.append(lark[index:end + 2])
+            index = end + 2
+        else:
+            index += 1
+    return found
+
+
+def _literal_end(lark: str, start: int) -> int:
+    """The index just past the "string" or /regex/ literal opening at `start` (a backslash
+    escapes the next character; an unclosed literal runs to the end of its line)."""
+    quote, index = lark[start], start + 1
+    while index < len(lark) and lark[index] not in (quote, "\n"):
+        index += 2 if lark[index] == "\\" else 1
+    return index + 1
+
+
+def refuse_token_ids(lark: str, kind: str) -> None:
+    """ConstraintError naming the token-id references in `lark`: a grammar forces a special
+    token only by a name it declares."""
+    references = token_id_references(lark)
+    if references:
+        raise ConstraintError(f"the {kind} refers to tokens by id ({', '.join(references)}); "
+                              f"name each special token instead (<|channel|>) and declare "
+                              f"it: {DECLARE_HINT}")
 
 
 def hint_for(message: str) -> str:

@@ -42,8 +42,10 @@ def test_the_field_carries_the_declared_tokens_in_the_request_order():
     assert plain.special_tokens == () and plain.special_tokens_field == ""
     for nothing in ([], None):  # declares nothing, as no key does (null: as if absent)
         assert constraint_from({"constraint": {**DECLARED, "special_tokens": nothing}}) == plain
-    assert constraint_from({"constraint": {"regex": "x", "special_tokens": None}}).kind == \
-        "regex"
+    for nothing in ([], None):  # with a kind that names no special tokens too
+        for other in ({"regex": "x"}, {"json_schema": {"type": "string"}}, {"choices": ["a"]}):
+            request = constraint_from({"constraint": {**other, "special_tokens": nothing}})
+            assert request == constraint_from({"constraint": other})
 
 
 @pytest.mark.parametrize("constraint, param, words", [

@@ -145,6 +145,23 @@ def test_the_call_tokens_a_model_writes_are_what_the_grammar_allows(
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
 
 
+def test_the_special_form_has_one_call_per_reply(harmony_tokenizer):
+    """<|call|> is a stop token: the reply ends at the first call, so the special form's
+    grammar has no calls after it, parallel or not; the text form (the control) repeats
+    calls under parallel."""
+    harmony = format_named("harmony")
+    one = constraint_grammar(harmony, FUNCTIONS, "required", False, True)
+    assert constraint_grammar(harmony, FUNCTIONS, "required", True, True) == one
+    assert "<|call|> <|start|>" not in one
+    assert constraint_grammar(harmony, FUNCTIONS, "required", True) != \
+        constraint_grammar(harmony, FUNCTIONS, "required", False)
+    first = harmony_tokenizer.encode(CALL + "<|call|>")
+    ids = harmony_tokenizer.encode(CALL + "<|call|><|start|>assistant" + NOW + "<|call|>")
+    assert first[-1] in harmony_tokenizer.stop_token_ids
+    assert walk(special_constraint("required", parallel=True), harmony_tokenizer, ids) == \
+        (len(first), True)
+
+
 def test_negative_control_the_text_form_refuses_the_marker_tokens(harmony_tokenizer,
                                                                   tiny_checkpoints):
     text_form = Constraint.grammar(constraint_grammar(format_named("harmony"), FUNCTIONS,

@@ -125,9 +125,8 @@ def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
     are text; a function's name: one call to it), or None for "auto" and "none" (free
     output). The reply may reason first, in one analysis message; each call is a commentary
     message to functions.NAME with compact JSON arguments (unless the schema says otherwise),
-    ended by <|call|>. The
-    generation prompt ends with <|start|>assistant, so the first message has no role header
-    and a later call starts with one.
+    ended by <|call|>. The generation prompt ends with <|start|>assistant, so the first
+    message has no role header and a later call starts with one.
 
     `special_markers`: the tokenizer has the markers as special tokens (markers_are_special):
     the grammar names them as tokens (build it with Constraint.grammar(..., special_tokens=

@@ -20,6 +20,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from exactdraft.constraints.once import OncePer, once_per
 from exactdraft.constraints.tokens import llguidance_module
 from exactdraft.errors import ConstraintError
 
@@ -29,6 +30,7 @@ UNKNOWN_SPECIAL = "unknown special token"
 DECLARE_HINT = "Constraint.grammar(lark, special_tokens=[...])"
 # Byte vocabularies kept, one per set of declared special tokens.
 BYTE_VOCABULARIES = 32
+_SPECIAL_NAMES = OncePer()  # bridge -> the names of its special tokens
 
 
 def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
@@ -75,17 +77,21 @@ def byte_tokenizer_with(names: tuple[str, ...]) -> Any:
     return llguidance_module().LLTokenizer(_BytesAndSpecials(names), slices=[])
 
 
-def special_names(bridge: Any) -> set[str]:
-    """The names of a tokenizer bridge's special tokens."""
-    return {bridge.tokens[i].decode("utf-8", errors="replace")
-            for i in bridge.special_token_ids}
+def special_names(bridge: Any) -> frozenset[str]:
+    """The names of a tokenizer bridge's special tokens, found once per bridge (a bridge's
+    tokens do not change)."""
+    return once_per(bridge, _SPECIAL_NAMES, lambda: frozenset(
+        bridge.tokens[i].decode("utf-8", errors="replace") for i in bridge.special_token_ids))
 
 
 def require_special(names: Sequence[str], bridge: Any, kind: str) -> None:
     """ConstraintError naming each token of `names` that the bridge's tokenizer does not have
     as a special token (an ordinary token of that text does not count: the grammar wants the
     control token)."""
-    missing = [name for name in names if name not in special_names(bridge)]
+    if not names:
+        return
+    have = special_names(bridge)
+    missing = [name for name in names if name not in have]
     if missing:
         raise ConstraintError(f"the {kind} names the special token(s) {', '.join(missing)}, "
                               f"which this tokenizer does not have as special tokens")

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.constraints.constraint import COMPACT_JSON
+from exactdraft.constraints.once import OncePer, once_per
 from exactdraft.server.tool_calls.readers import (
     CallSink,
     JsonEnd,
@@ -109,7 +110,15 @@ _BODY_ENDS = r"<\|end\|>|<\|return\|>|<\|call\|>"
 
 def markers_are_special(tokenizer: Any) -> bool:
     """Whether `tokenizer` (an exactdraft Tokenizer) has every Harmony marker as a special
-    token, as gpt-oss's has: a forced call's grammar then names them as tokens."""
+    token, as gpt-oss's has: a forced call's grammar then names them as tokens. Found once
+    per tokenizer (its added-token table is read the first time only)."""
+    return once_per(tokenizer, _MARKERS_SPECIAL, lambda: _reads_markers_as_special(tokenizer))
+
+
+_MARKERS_SPECIAL = OncePer()  # tokenizer -> markers_are_special
+
+
+def _reads_markers_as_special(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "backend", None)
     if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
         return False

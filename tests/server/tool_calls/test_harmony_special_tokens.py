@@ -301,3 +301,29 @@ def test_negative_control_the_server_with_the_text_form_spells_the_markers(serve
     monkeypatch.setattr(requests, "markers_are_special", lambda tokenizer: False)
     text, ids = written()
     assert text.startswith("<|channel|>") and not ids & markers
+
+
+class CountedBackend:
+    def __init__(self, markers) -> None:
+        from tokenizers import AddedToken
+
+        self.added = {i: AddedToken(m, special=True) for i, m in enumerate(markers)}
+        self.reads = 0
+
+    def get_added_tokens_decoder(self):
+        self.reads += 1
+        return self.added
+
+
+class StandIn:
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+
+def test_markers_are_special_reads_the_added_tokens_once_per_tokenizer():
+    from exactdraft.server.tool_calls.harmony import SPECIAL_MARKERS, markers_are_special
+
+    harmony, plain = StandIn(CountedBackend(SPECIAL_MARKERS)), StandIn(CountedBackend([]))
+    for _ in range(3):
+        assert markers_are_special(harmony) and not markers_are_special(plain)
+    assert harmony.backend.reads == 1 and plain.backend.reads == 1

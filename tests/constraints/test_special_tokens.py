@@ -197,18 +197,19 @@ def test_a_grammar_naming_a_token_by_id_is_refused_on_smollm2(smollm2_tokenizer)
     assert matcher.only_allowed() == 1
 
 
-def test_a_stop_token_named_mid_grammar_leaves_nothing_allowed_there():
-    """As the guide says: a stop token named where the grammar cannot end builds and
-    compiles, and the mask there is empty (the generation ends unsatisfiable); named at the
-    end (the control), it is the one token allowed and ends the text."""
+def test_a_stop_token_the_grammar_requires_leaves_nothing_allowed_there():
+    """As the guide says: a stop token a grammar requires (in the middle or at the end)
+    builds and compiles, and the mask there is empty (the generation ends unsatisfiable);
+    named as optional at the end (the control), the stop token is allowed and ends the text."""
     tokenizer = tiny_tokenizer()
     stop = tokenizer.backend.token_to_id("<|return|>")
-    assert tokenizer.stop_token_ids == (stop,)
-    middle = Constraint.grammar('start: "a" <|return|> "b"', special_tokens=["<|return|>"])
-    middle.compile_for(tokenizer)
-    assert not matcher_after(middle, tokenizer, "a").allowed().any()
-    end = matcher_after(Constraint.grammar('start: "a" <|return|>', special_tokens=[
+    assert stop in tokenizer.stop_token_ids
+    for lark in ('start: "a" <|return|> "b"', 'start: "a" <|return|>'):
+        required = Constraint.grammar(lark, special_tokens=["<|return|>"])
+        required.compile_for(tokenizer)
+        assert not matcher_after(required, tokenizer, "a").allowed().any()
+    optional = matcher_after(Constraint.grammar('start: "a" <|return|>?', special_tokens=[
         "<|return|>"]), tokenizer, "a")
-    assert np.flatnonzero(end.allowed()).tolist() == [stop]
-    end.consume(stop)
-    assert end.complete
+    assert stop in np.flatnonzero(optional.allowed()).tolist()
+    optional.consume(stop)
+    assert optional.complete

@@ -58,8 +58,8 @@ class Constraint:
     kind: str      # "json_schema", "regex", "grammar" or "choices"
     source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
     llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
-    # The special tokens a grammar names (`<|channel|>`): a tokenizer must have each as a
-    # special token (special_tokens.py).
+    # The special tokens a grammar names (`<|channel|>`), sorted: a tokenizer must have each
+    # as a special token (special_tokens.py).
     special_tokens: tuple[str, ...] = ()
 
     @classmethod

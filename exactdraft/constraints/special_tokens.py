@@ -34,8 +34,9 @@ _SPECIAL_NAMES = OncePer()  # bridge -> the names of its special tokens
 
 
 def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
-    """The declared special tokens as a tuple (order kept, repeats dropped); ConstraintError
-    naming a value that is not a token name llguidance can write (`<...>`, no whitespace)."""
+    """The declared special tokens as a sorted tuple without repeats (so the same set in any
+    order builds one constraint); ConstraintError naming a value (by its index as given) that
+    is not a token name llguidance can write (`<...>`, no whitespace)."""
     if isinstance(special_tokens, (str, bytes)) or not isinstance(special_tokens, Sequence):
         raise ConstraintError(f"special_tokens must be a list of token names, got "
                               f"{special_tokens!r}")
@@ -43,7 +44,7 @@ def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
         if not is_token_name(name):
             raise ConstraintError(f"special_tokens[{index}] must be a special token's name "
                                   f"such as '<|channel|>', got {name!r}")
-    return tuple(dict.fromkeys(special_tokens))
+    return tuple(sorted(set(special_tokens)))
 
 
 def is_token_name(name: object) -> bool:

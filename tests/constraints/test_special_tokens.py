@@ -213,3 +213,18 @@ def test_a_stop_token_the_grammar_requires_leaves_nothing_allowed_there():
     assert stop in np.flatnonzero(optional.allowed()).tolist()
     optional.consume(stop)
     assert optional.complete
+
+
+def test_the_declared_tokens_in_any_order_build_one_constraint():
+    lark = 'start: <|message|> "a" <|channel|>'
+    given = Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>"])
+    assert given.special_tokens == ("<|channel|>", "<|message|>")  # sorted, once each
+    for other in (["<|channel|>", "<|message|>"], ["<|message|>", "<|channel|>", "<|message|>"]):
+        assert Constraint.grammar(lark, special_tokens=other) is given  # the one kept build
+    # A name that is not a token is still refused by its index as given.
+    with pytest.raises(ConstraintError, match="special_tokens\\[2\\]"):
+        Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>", "x"])
+    # The control: another set of tokens is another constraint.
+    assert Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>",
+                                                    "<|return|>"]) != given
+

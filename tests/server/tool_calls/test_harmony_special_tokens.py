@@ -183,7 +183,7 @@ def test_negative_control_the_text_form_refuses_the_marker_tokens(harmony_tokeni
     # The special form needs the markers as special tokens: refused, naming them, for the
     # tiny llama's tokenizer, where the text form is the one that works.
     plain = Tokenizer.from_folder(tiny_checkpoints["llama"])
-    with pytest.raises(ConstraintError, match="<\\|start\\|>, <\\|channel\\|>.*which this"):
+    with pytest.raises(ConstraintError, match="<\\|call\\|>, <\\|channel\\|>.*which this"):
         special.compile_for(plain)
     text_form.compile_for(plain)
 

@@ -11,14 +11,13 @@ adaptive depth (the default) the receipts' drafted and accepted counts may diffe
 between any two processes (`adaptive_depth=false` removes that). Each response carries an
 `x-exactdraft-replica` header naming the replica that answered. The replicas of one deployment
 sign Anthropic thinking blocks with one key (made when the deployment is built, or read from
-`thinking_key_file=PATH`), so each accepts the blocks another sent.
+`thinking_key_file=PATH`), so each catches a change to the blocks another signed.
 (Needs `pip install "ray[serve]"` and the server extra.)
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import time
 from typing import Any
 
@@ -73,12 +72,12 @@ def build(args: dict[str, str]) -> Any:
     model, backend, model_name, drafter (lookup, suffix, none), adaptive_depth, replicas,
     cpus (per replica), thinking_key_file (default: a random key, the same for every
     replica)."""
-    from exactdraft.server.reasoning.signatures import read_thinking_key
+    from exactdraft.server.reasoning.signatures import checked_key_or_random, read_thinking_key
 
     replicas = int(args.get("replicas", 2))
     options = {"num_cpus": float(args.get("cpus", 1))}
     key_file = args.get("thinking_key_file")
-    key = secrets.token_bytes(32) if key_file is None else read_thinking_key(key_file)
+    key = checked_key_or_random(None) if key_file is None else read_thinking_key(key_file)
     return ExactdraftReplica.options(num_replicas=replicas, ray_actor_options=options).bind(
         args.get("model"), args.get("backend"), args.get("model_name", MODEL_NAME),
         args.get("drafter", "lookup"), args.get("adaptive_depth", "true").lower() == "true",

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "exactdraft"
 # layer), cycles aside.
 RANKS = {
     "errors": 0,
-    "float64_math": 1, "progress": 1, "arguments": 1,
+    "float64_math": 1, "progress": 1, "arguments": 1, "key_files": 1,
     "formats": 2,
     "kernels": 3,
     "backends": 4,

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     for kind in KINDS:
         shape.add_argument(kind.flag, metavar=kind.flag_metavar, dest=kind.name,
                            help=f"{kind.flag_help} (default: none)")
+    generate.add_argument("--special-tokens", metavar="NAME,...", default=None,
+                          help="the special tokens a --grammar or --gbnf names as tokens "
+                               "(<|channel|>), comma-separated (default: none)")
     generate.add_argument("--json", action="store_true",
                           help="print one JSON object instead of streaming text: tokens, "
                                "text, finish reason, stats and receipt (default: off)")

@@ -41,9 +41,11 @@ def validate_serve(args: argparse.Namespace) -> None:
 
         check_location(args.prefix_cache_file)
     if args.prefix_cache_key_file is not None:
-        from exactdraft.engine.cache_file import read_key
+        from exactdraft.engine.cache_file import CacheFileError
+        from exactdraft.key_files import read_key
 
-        args.prefix_cache_key = read_key(args.prefix_cache_key_file)
+        args.prefix_cache_key = read_key(args.prefix_cache_key_file, "cache key",
+                                         CacheFileError)
     if args.thinking_key_file is not None:
         from exactdraft.server.reasoning.signatures import read_thinking_key
 

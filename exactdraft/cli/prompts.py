@@ -95,12 +95,18 @@ def read_prompts(path: str | None, raw: bool) -> list[Any]:
 def read_constraint(args: argparse.Namespace) -> Any:
     """The Constraint that a constraint flag (one per row of constraints/kinds.py: --json-schema,
     --regex, --grammar, --gbnf, --choices) names, or None; a bad one is refused (naming the flag)
-    before a model loads."""
+    before a model loads. --special-tokens declares the special tokens a --grammar or --gbnf
+    names (Constraint.grammar's special_tokens)."""
     from exactdraft.constraints.kinds import KINDS
     from exactdraft.errors import ConstraintError, ParameterError
 
     given = [(kind, getattr(args, kind.name)) for kind in KINDS
              if getattr(args, kind.name, None) is not None]
+    special = getattr(args, "special_tokens", None)
+    names = [] if special is None else [name for name in special.split(",") if name]
+    takers = " or ".join(k.flag for k in KINDS if k.names_special_tokens)
+    if names and (not given or not given[0][0].names_special_tokens):
+        raise ParameterError(f"--special-tokens goes with {takers}")
     if not given:
         return None
     kind, value = given[0]
@@ -117,6 +123,9 @@ def read_constraint(args: argparse.Namespace) -> Any:
             value = _read_text(value, f"{flag} ", path=True)
         elif kind.flag_argument == "comma_list":
             value = [choice for choice in value.split(",") if choice]
-        return kind.build(value)
+        return kind.build(value, special_tokens=names) if names else kind.build(value)
     except ConstraintError as error:
-        raise ParameterError(f"{flag}: {error}") from None
+        from exactdraft.constraints.special_tokens import DECLARE_HINT
+
+        reason = str(error).replace(DECLARE_HINT, "--special-tokens NAME,...")
+        raise ParameterError(f"{flag}: {reason}") from None

@@ -26,6 +26,7 @@ from exactdraft.constraints.special_tokens import (
     byte_tokenizer_with,
     checked_names,
     hint_for,
+    refuse_token_ids,
     require_special,
 )
 from exactdraft.constraints.tokens import (
@@ -57,8 +58,8 @@ class Constraint:
     kind: str      # "json_schema", "regex", "grammar" or "choices"
     source: str    # the schema (as JSON), pattern, grammar or JSON list of choices
     llguidance_grammar: str = field(repr=False)  # the llguidance grammar built from it
-    # The special tokens a grammar names (`<|channel|>`): a tokenizer must have each as a
-    # special token (special_tokens.py).
+    # The special tokens a grammar names (`<|channel|>`), sorted: a tokenizer must have each
+    # as a special token (special_tokens.py).
     special_tokens: tuple[str, ...] = ()
 
     @classmethod
@@ -103,7 +104,9 @@ class Constraint:
         if not isinstance(lark, str) or not lark.strip():
             raise ConstraintError(f"grammar must be a non-empty Lark grammar string, got "
                                   f"{lark!r}")
-        return _built("grammar", lark, True, checked_names(special_tokens))
+        names = checked_names(special_tokens)
+        refuse_token_ids(lark, "grammar")
+        return _built("grammar", lark, True, names)
 
     @classmethod
     def gbnf(cls, text: str, special_tokens: Sequence[str] = ()) -> Constraint:
@@ -119,6 +122,7 @@ class Constraint:
             lark = any_to_lark(text)
         except Exception as error:  # the converter raises plain exceptions of several kinds
             raise ConstraintError(f"invalid GBNF grammar: {error}") from None
+        refuse_token_ids(lark, "grammar")
         return _built("grammar", lark, True, names)
 
     @classmethod

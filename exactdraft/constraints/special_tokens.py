@@ -8,7 +8,10 @@ to allow one. Invariant: a grammar that names special tokens declares them (`spe
 of Constraint.grammar); it is checked when built against llguidance's byte vocabulary plus
 exactly those tokens (`byte_tokenizer_with`), and compiled only for a tokenizer that has each
 of them as a special token (`require_special`, a ConstraintError naming the missing one).
-A name used without being declared is refused when built, with the hint to declare it.
+A name used without being declared is refused when built, with the hint to declare it, and so
+is a token-id reference (llguidance's `<[1]>`, `<[1-5]>`), which would force a token by id past
+the declaration (`refuse_token_ids`; the same text inside a "string", a /regex/ or a // comment
+is not one).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from exactdraft.constraints.once import OncePer, once_per
 from exactdraft.constraints.tokens import llguidance_module
 from exactdraft.errors import ConstraintError
 
@@ -26,11 +30,13 @@ UNKNOWN_SPECIAL = "unknown special token"
 DECLARE_HINT = "Constraint.grammar(lark, special_tokens=[...])"
 # Byte vocabularies kept, one per set of declared special tokens.
 BYTE_VOCABULARIES = 32
+_SPECIAL_NAMES = OncePer()  # bridge -> the names of its special tokens
 
 
 def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
-    """The declared special tokens as a tuple (order kept, repeats dropped); ConstraintError
-    naming a value that is not a token name llguidance can write (`<...>`, no whitespace)."""
+    """The declared special tokens as a sorted tuple without repeats (so the same set in any
+    order builds one constraint); ConstraintError naming a value (by its index as given) that
+    is not a token name llguidance can write (`<...>`, no whitespace)."""
     if isinstance(special_tokens, (str, bytes)) or not isinstance(special_tokens, Sequence):
         raise ConstraintError(f"special_tokens must be a list of token names, got "
                               f"{special_tokens!r}")
@@ -38,7 +44,7 @@ def checked_names(special_tokens: Sequence[str]) -> tuple[str, ...]:
         if not is_token_name(name):
             raise ConstraintError(f"special_tokens[{index}] must be a special token's name "
                                   f"such as '<|channel|>', got {name!r}")
-    return tuple(dict.fromkeys(special_tokens))
+    return tuple(sorted(set(special_tokens)))
 
 
 def is_token_name(name: object) -> bool:
@@ -72,20 +78,65 @@ def byte_tokenizer_with(names: tuple[str, ...]) -> Any:
     return llguidance_module().LLTokenizer(_BytesAndSpecials(names), slices=[])
 
 
-def special_names(bridge: Any) -> set[str]:
-    """The names of a tokenizer bridge's special tokens."""
-    return {bridge.tokens[i].decode("utf-8", errors="replace")
-            for i in bridge.special_token_ids}
+def special_names(bridge: Any) -> frozenset[str]:
+    """The names of a tokenizer bridge's special tokens, found once per bridge (a bridge's
+    tokens do not change)."""
+    return once_per(bridge, _SPECIAL_NAMES, lambda: frozenset(
+        bridge.tokens[i].decode("utf-8", errors="replace") for i in bridge.special_token_ids))
 
 
 def require_special(names: Sequence[str], bridge: Any, kind: str) -> None:
     """ConstraintError naming each token of `names` that the bridge's tokenizer does not have
     as a special token (an ordinary token of that text does not count: the grammar wants the
     control token)."""
-    missing = [name for name in names if name not in special_names(bridge)]
+    if not names:
+        return
+    have = special_names(bridge)
+    missing = [name for name in names if name not in have]
     if missing:
         raise ConstraintError(f"the {kind} names the special token(s) {', '.join(missing)}, "
                               f"which this tokenizer does not have as special tokens")
+
+
+def token_id_references(lark: str) -> list[str]:
+    """The token-id references (`<[...]>`) in a Lark grammar, in order, outside its "string"
+    and /regex/ literals and // comments (where the same characters are text)."""
+    found, index, size = [], 0, len(lark)
+    while index < size:
+        char = lark[index]
+        if lark.startswith("//", index):
+            end = lark.find("\n", index)
+            index = size if end < 0 else end
+        elif char in "\"/":
+            index = _literal_end(lark, index)
+        elif lark.startswith("<[", index):
+            end = lark.find("]>", index + 2)
+            if end < 0:
+                break  # not a reference; llguidance says what is wrong
+            found.append(lark[index:end + 2])
+            index = end + 2
+        else:
+            index += 1
+    return found
+
+
+def _literal_end(lark: str, start: int) -> int:
+    """The index just past the "string" or /regex/ literal opening at `start` (a backslash
+    escapes the next character; an unclosed literal runs to the end of its line)."""
+    quote, index = lark[start], start + 1
+    while index < len(lark) and lark[index] not in (quote, "\n"):
+        index += 2 if lark[index] == "\\" else 1
+    return index + 1
+
+
+def refuse_token_ids(lark: str, kind: str) -> None:
+    """ConstraintError naming the token-id references in `lark`: a grammar forces a special
+    token only by a name it declares."""
+    references = token_id_references(lark)
+    if references:
+        raise ConstraintError(f"the {kind} refers to tokens by id ({', '.join(references)}); "
+                              f"name each special token instead (<|channel|>) and declare "
+                              f"it: {DECLARE_HINT}")
 
 
 def hint_for(message: str) -> str:

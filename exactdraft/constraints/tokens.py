@@ -132,6 +132,8 @@ class _TokenTable:
         specials = set(special)
         self._specials = specials
         self._text_encoder: Any = None  # _text_encoding's copy of the encoder
+        self._cannot_copy = False  # the encoder could not be copied: not tried again
+        self._copy_lock = threading.Lock()  # one copy, made once, under concurrent compiles
         self._by_bytes = {piece: i for i, piece in enumerate(tokens)
                           if piece and i not in specials}
         self._longest = max((len(piece) for piece in self._by_bytes), default=1)
@@ -162,18 +164,28 @@ class _TokenTable:
 
     def _text_encoding(self, text: str) -> list[int]:
         """The encoder's ids for `text` with special tokens' texts read as text (a copy of the
-        encoder that does so, made the first time a forced text holds one); [] where the
-        encoder cannot be copied (the greedy split answers then)."""
+        encoder that does so, made once, the first time a forced text holds one); [] where the
+        encoder cannot be copied (the greedy split answers then, and no copy is tried again)."""
+        if self._text_encoder is None and not self._cannot_copy:
+            with self._copy_lock:
+                if self._text_encoder is None and not self._cannot_copy:
+                    self._text_encoder = self._copied_encoder()
+                    self._cannot_copy = self._text_encoder is None
         if self._text_encoder is None:
-            try:
-                from tokenizers import Tokenizer as Backend
-
-                encoder = Backend.from_str(self._backend.to_str())
-                encoder.encode_special_tokens = True
-            except Exception:  # tokenizers raises plain Exceptions; a stand-in has no to_str
-                return []
-            self._text_encoder = encoder
+            return []
         return list(self._text_encoder.encode(text, add_special_tokens=False).ids)
+
+    def _copied_encoder(self) -> Any:
+        """A copy of the encoder that reads special tokens' texts as text; None where it cannot
+        be copied."""
+        try:
+            from tokenizers import Tokenizer as Backend
+
+            encoder = Backend.from_str(self._backend.to_str())
+            encoder.encode_special_tokens = True
+        except Exception:  # tokenizers raises plain Exceptions; a stand-in has no to_str
+            return None
+        return encoder
 
     def _greedy(self, data: bytes) -> list[int]:
         """Longest match first over the byte table (a fallback: the encoder changed the text)."""

@@ -32,7 +32,6 @@ from exactdraft.engine.prefix_cache import ROOT, Block, PrefixCache, block_key
 from exactdraft.errors import ExactdraftError
 
 FORMAT = "exactdraft-prefix-cache/1"
-MIN_KEY_BYTES = 16
 
 
 class CacheFileError(ExactdraftError, ValueError):
@@ -69,22 +68,6 @@ def check_location(path: str | os.PathLike[str]) -> None:
     os.remove(probe)
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise CacheFileError(f"{path}: the file is read-only")
-
-
-def read_key(path: str | os.PathLike[str], what: str = "cache key",
-             error_class: type[Exception] = CacheFileError) -> bytes:
-    """The signing key held in the file at `path` (its bytes, less a final newline): at least
-    MIN_KEY_BYTES, else `error_class` naming the file and `what` the key is."""
-    try:
-        with open(path, "rb") as handle:
-            key = handle.read().rstrip(b"\r\n")
-    except OSError as error:
-        raise error_class(f"{os.fspath(path)}: cannot read the {what} file "
-                          f"({error.strerror})") from None
-    if len(key) < MIN_KEY_BYTES:
-        raise error_class(f"{os.fspath(path)}: a {what} needs {MIN_KEY_BYTES} bytes or "
-                          f"more, the file holds {len(key)}")
-    return key
 
 
 def signature(metadata: dict[str, str], key: bytes) -> str:

@@ -8,9 +8,10 @@ message's text; with tools (server/tool_calls/requests.py) the call markup comes
 blocks instead, whole or streamed alike; where the chat template has reasoning
 (server/reasoning/), the reasoning is a `thinking` block before what follows it, and the whole
 message is built from the same events its stream sends. Each thinking block is signed under the
-server's key (server/reasoning/signatures.py): a thinking block given back with a signature that
-does not verify is refused, naming the message and block; one without a signature is read as it
-is and a `redacted_thinking` block is dropped. Extensions in a request: `min_p`,
+server's key (server/reasoning/signatures.py): a thinking block given back that this server
+signed and that was changed since is refused, naming the message and block; one without a
+signature, or with another server's or Anthropic's, is read as it is and a `redacted_thinking`
+block is dropped. Extensions in a request: `min_p`,
 `repetition_penalty`, `seed`, `drafts` (false: serial decoding) and `separate_reasoning` (false:
 the reasoning stays in the text as written).
 """
@@ -41,7 +42,7 @@ from exactdraft.server.fields import (
 )
 from exactdraft.server.reasoning.formats import StreamedReasoning, reasoning_splitters
 from exactdraft.server.reasoning.pieces import Reasoning
-from exactdraft.server.reasoning.signatures import sign, verifies
+from exactdraft.server.reasoning.signatures import sign, was_changed
 from exactdraft.server.service import Service
 
 UNSUPPORTED = ("mcp_servers", "container")
@@ -88,11 +89,11 @@ def messages_request(body: Mapping[str, Any], service: Service) -> Wanted:
                   sampling=sampling_fields(body), separate_reasoning=separate_reasoning(body))
 
 
-def thinking_apart(conversation: Any, key: bytes | None = None) -> Any:
+def thinking_apart(conversation: Any, key: bytes) -> Any:
     """The messages with each assistant message's thinking blocks taken out of its content
     and given as its `reasoning_content` (their texts joined; redacted thinking has none), for
-    the chat template to render or drop as it does. With `key`, a block's signature, when it
-    has one, must verify under it (a RequestError naming the block otherwise)."""
+    the chat template to render or drop as it does. A block this server signed under `key`
+    must be unchanged (a RequestError naming the block otherwise; signatures.was_changed)."""
     if not isinstance(conversation, list):
         return conversation
     apart = []
@@ -117,18 +118,18 @@ def thinking_apart(conversation: Any, key: bytes | None = None) -> Any:
     return apart
 
 
-def check_signature(block: Mapping[str, Any], key: bytes | None, where: str) -> None:
-    """A given-back thinking block's signature verifies under `key`; a block without one (no
-    `signature`, null or empty: a history written by hand) passes."""
+def check_signature(block: Mapping[str, Any], key: bytes, where: str) -> None:
+    """A given-back thinking block signed under `key` is unchanged; a block without a
+    signature (none, null or empty: a history written by hand) or with another server's or
+    another API's passes, read as unsigned."""
     signature = block.get("signature")
-    if key is None or signature in (None, ""):
+    if signature in (None, ""):
         return
     if not isinstance(signature, str):
         raise RequestError(f"{where}.signature must be a string", f"{where}.signature")
-    if not verifies(key, block["thinking"], signature):
-        raise RequestError(f"{where}: invalid signature in thinking block: the block was "
-                           "changed, or signed by another server or under another key",
-                           f"{where}.signature")
+    if was_changed(key, block["thinking"], signature):
+        raise RequestError(f"{where}: invalid signature in thinking block: this server "
+                           "signed the block and it was changed since", f"{where}.signature")
 
 
 class Reply:

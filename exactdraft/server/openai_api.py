@@ -198,7 +198,8 @@ class Reply:
         choice["finish_reason"] = None if result is None else self._finish(index, result)
         if result is not None:
             choice["receipt"] = self.service.receipt(result)
-            self._count_reasoning(index, result)
+            if self.wanted.include_usage:  # the count is read by the usage chunk only
+                self._count_reasoning(index, result)
         name = "chat.completion.chunk" if self.chat else "text_completion"
         payload = {**self._head(name), "choices": [choice]}
         if self.wanted.include_usage:

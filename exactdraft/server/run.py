@@ -52,11 +52,11 @@ def build(generator: Generator, model_name: str, *, host: str = "127.0.0.1",
     import uvicorn
 
     from exactdraft.server.app import create_app
-    from exactdraft.server.reasoning.signatures import thinking_key as checked_thinking_key
+    from exactdraft.server.reasoning.signatures import checked_key_or_random
     from exactdraft.server.service import check_aliases
 
     check_aliases(model_name, model_aliases)  # before anything starts
-    thinking_key = checked_thinking_key(thinking_key)
+    thinking_key = checked_key_or_random(thinking_key)
     cache = None if prefix_cache_bytes == 0 else PrefixCache(budget_bytes=prefix_cache_bytes)
     if cache is not None and prefix_cache_file is not None:
         check_location(prefix_cache_file)

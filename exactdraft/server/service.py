@@ -29,7 +29,7 @@ from exactdraft.errors import ParameterError, TokenizerError
 from exactdraft.prompts import encode_prompt
 from exactdraft.results import GenerationResult, receipt
 from exactdraft.server.fields import ContextError, RequestError, Wanted
-from exactdraft.server.reasoning.signatures import thinking_key as checked_thinking_key
+from exactdraft.server.reasoning.signatures import checked_key_or_random
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -62,7 +62,7 @@ class Service:
                  model_aliases: Mapping[str, str] | None = None,
                  clamp_max_tokens: bool = False, thinking_key: bytes | None = None) -> None:
         self.engine = engine
-        self.thinking_key = checked_thinking_key(thinking_key)
+        self.thinking_key = checked_key_or_random(thinking_key)
         self.clamp_max_tokens = clamp_max_tokens
         self.model_name = model_name
         self.aliases = None if model_aliases is None else \

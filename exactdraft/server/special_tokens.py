@@ -34,12 +34,13 @@ class FieldRefusal(ParameterError):
 def declared_special_tokens(extension: Mapping[str, Any], kind: str) -> tuple[str, ...]:
     """The special tokens `extension` (the request's `constraint` object, whose constraint
     is of `kind`) declares, in the request's order (so an index names the request's entry);
-    () where it declares none (no key, or null, as the server reads any field)."""
+    () where it declares none (no key, null as the server reads any field, or an empty list),
+    with any kind."""
     from exactdraft.constraints.kinds import BY_NAME, KINDS
     from exactdraft.constraints.special_tokens import is_token_name
 
     names = extension.get(KEY)
-    if names is None:
+    if names is None or names == []:  # null and an empty list both declare none
         return ()
     if not BY_NAME[kind].names_special_tokens:
         takers = " or ".join(k.name for k in KINDS if k.names_special_tokens)

@@ -141,3 +141,39 @@ def test_serve_refuses_a_cache_file_it_cannot_write_before_loading(capsys, monke
     monkeypatch.setattr(commands, "load_generator", no_loading)
     assert main(["serve", "--prefix-cache-file", str(tmp_path / where)]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_special_tokens_declare_what_a_grammar_names(capsys, monkeypatch, tmp_path):
+    """--special-tokens with --grammar (or --gbnf) builds the constraint the Python API
+    builds with special_tokens; without it the grammar is refused with the CLI's way to
+    declare them; with another kind, or alone, it is refused by flag. None loads a model."""
+    from exactdraft.cli import build_parser, commands
+    from exactdraft.cli.prompts import read_constraint
+
+    def no_loading(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(commands, "load_generator", no_loading)
+    grammar = tmp_path / "channel.lark"
+    grammar.write_text('start: "go" <|channel|> /[a-z]+/ <|message|>\n')
+    parser = build_parser()
+    for flag, build in (("--grammar", Constraint.grammar), ("--gbnf", Constraint.gbnf)):
+        args = parser.parse_args(["generate", "--chat", ASK, flag, str(grammar),
+                                  "--special-tokens", "<|message|>,<|channel|>"])
+        built = read_constraint(args)
+        assert built == build(grammar.read_text().rstrip("\n"),
+                              special_tokens=["<|channel|>", "<|message|>"])
+        assert built.special_tokens == ("<|channel|>", "<|message|>")
+    for flags, says in [
+            (("--grammar", str(grammar)), "declares them: --special-tokens NAME,..."),
+            (("--grammar", str(grammar), "--special-tokens", "<|channel|>"),
+             "unknown special token"),
+            (("--grammar", str(grammar), "--special-tokens", "<|channel|>,message"),
+             "--grammar: special_tokens[1]"),
+            (("--regex", "a", "--special-tokens", "<|channel|>"),
+             "--special-tokens goes with --grammar or --gbnf"),
+            (("--special-tokens", "<|channel|>"), "--special-tokens goes with")]:
+        assert main(["generate", "--chat", ASK, *flags]) == 2, flags
+        error = capsys.readouterr().err
+        assert says in error, (flags, error)
+        assert "Constraint.grammar(" not in error

@@ -1,7 +1,7 @@
 """`serve --thinking-key-file`: the server started from the command line checks given-back
-thinking blocks under the key in the file (a block signed with it is served, one signed with
-another key refused), and a file too short or missing is refused by name before a model
-loads."""
+thinking blocks under the key in the file (a block signed with it is served, one it signed
+for another text refused, one signed with another key read as unsigned), and a file too
+short or missing is refused by name before a model loads."""
 
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ def test_the_server_checks_blocks_under_the_key_in_the_file(tiny_checkpoints, tm
                         "--thinking-key-file", str(key_file)) as base:
         status, reply = post(base, "/v1/messages", with_thinking(sign(KEY, "Greet back.")))
         assert status == 200, reply
-        status, reply = post(base, "/v1/messages", with_thinking(sign(b"k" * 32, "Greet back.")))
+        status, reply = post(base, "/v1/messages", with_thinking(sign(KEY, "Greet.")))
         assert status == 400, reply
         assert reply["error"]["param"] == "messages[1].content[0].signature"
+        status, reply = post(base, "/v1/messages", with_thinking(sign(b"k" * 32, "Greet.")))
+        assert status == 200, reply
 
 
 def test_a_bad_key_file_is_refused_by_name(tmp_path, capsys):

@@ -3,8 +3,9 @@ grammar names a special token, the mask allows that token's id and nothing else,
 same marker written as text allows only the text's first character (the special id masked)
 and is forced in characters;
 a declared name is checked without a tokenizer, an undeclared one is refused with the hint to
-declare it, and a tokenizer that lacks the token (or has it only as ordinary text) is refused
-naming it."""
+declare it, a grammar that refers to a token by id (`<[1]>`) is refused naming the reference
+(the same characters in a string literal are text), and a tokenizer that lacks the token (or
+has it only as ordinary text) is refused naming it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from exactdraft.loading.tokenizer import Tokenizer
 pytest.importorskip("llguidance")
 
 from exactdraft.constraints import Constraint  # noqa: E402
+from exactdraft.constraints.special_tokens import token_id_references  # noqa: E402
+from tests.constraints import test_constraint  # noqa: E402
 
+smollm2_tokenizer = test_constraint.smollm2_tokenizer  # SmolLM2's tokenizer, or a skip
 MARKERS = ["<|channel|>", "<|message|>", "<|return|>"]
 
 
@@ -148,3 +152,79 @@ def test_gbnf_takes_declared_special_tokens():
         Constraint.gbnf('start: "go" <|channel|> /[a-z]+/')  # named, not declared
     with pytest.raises(ConstraintError, match="special_tokens\\[1\\]"):
         Constraint.gbnf('root ::= "go"', special_tokens=["<|channel|>", "channel"])
+
+
+@pytest.mark.parametrize("lark, references", [
+    ('start: "a" <[96]> "b"', ["<[96]>"]),
+    ('start: "a" (<[1-5]> | <[7]>)', ["<[1-5]>", "<[7]>"]),
+    ('start: x <[2]>\nx: "<[1]>" /<[3]>/ // <[4]>', ["<[2]>"]),
+    ('start: "a\\"<[1]>" <[5]>', ["<[5]>"]),  # an escaped quote stays in the string
+    ('start: "a<[1]>" /[a-z]<[2]>/ // <[3]>\n', []),
+])
+def test_token_id_references_outside_literals_and_comments(lark, references):
+    assert token_id_references(lark) == references
+
+
+def test_a_grammar_that_forces_a_token_by_id_is_refused():
+    tokenizer = tiny_tokenizer()
+    message = tokenizer.backend.token_to_id("<|message|>")
+    for build in (Constraint.grammar, Constraint.gbnf):
+        for lark in (f'start: "a" <[{message}]> "b"', 'start: "a" <[1]>\nb: <[0-3]>'):
+            with pytest.raises(ConstraintError, match=r"refers to tokens by id \(<\[") as refused:
+                build(lark)
+            assert "special_tokens=[...]" in str(refused.value)
+            assert all(ref in str(refused.value) for ref in token_id_references(lark))
+        # Declared tokens do not make an id reference acceptable.
+        with pytest.raises(ConstraintError, match="refers to tokens by id"):
+            build('start: "a" <|channel|> <[1]>', special_tokens=["<|channel|>"])
+    # The control: the same characters in a string literal are text, and force text.
+    text = Constraint.grammar(f'start: "a<[{message}]>b"')
+    assert text.special_tokens == ()
+    matcher = matcher_after(text, tokenizer, "a")
+    assert np.flatnonzero(matcher.allowed()).tolist() == tokenizer.encode("<")
+    assert Constraint.gbnf('root ::= "a<[1]>"').kind == "grammar"
+
+
+def test_a_grammar_naming_a_token_by_id_is_refused_on_smollm2(smollm2_tokenizer):
+    with pytest.raises(ConstraintError, match=r"<\[1\]>"):
+        Constraint.grammar('start: "a" <[1]> "b"')
+    # The control: declared by name, SmolLM2's <|im_start|> (id 1) is allowed.
+    named = Constraint.grammar('start: "a" <|im_start|> "b"', special_tokens=["<|im_start|>"])
+    matcher = named.matcher(smollm2_tokenizer, smollm2_tokenizer.vocab_size,
+                            smollm2_tokenizer.stop_token_ids)
+    for token in smollm2_tokenizer.encode("a"):
+        matcher.consume(token)
+    assert matcher.only_allowed() == 1
+
+
+def test_a_stop_token_the_grammar_requires_leaves_nothing_allowed_there():
+    """As the guide says: a stop token a grammar requires (in the middle or at the end)
+    builds and compiles, and the mask there is empty (the generation ends unsatisfiable);
+    named as optional at the end (the control), the stop token is allowed and ends the text."""
+    tokenizer = tiny_tokenizer()
+    stop = tokenizer.backend.token_to_id("<|return|>")
+    assert stop in tokenizer.stop_token_ids
+    for lark in ('start: "a" <|return|> "b"', 'start: "a" <|return|>'):
+        required = Constraint.grammar(lark, special_tokens=["<|return|>"])
+        required.compile_for(tokenizer)
+        assert not matcher_after(required, tokenizer, "a").allowed().any()
+    optional = matcher_after(Constraint.grammar('start: "a" <|return|>?', special_tokens=[
+        "<|return|>"]), tokenizer, "a")
+    assert stop in np.flatnonzero(optional.allowed()).tolist()
+    optional.consume(stop)
+    assert optional.complete
+
+
+def test_the_declared_tokens_in_any_order_build_one_constraint():
+    lark = 'start: <|message|> "a" <|channel|>'
+    given = Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>"])
+    assert given.special_tokens == ("<|channel|>", "<|message|>")  # sorted, once each
+    for other in (["<|channel|>", "<|message|>"], ["<|message|>", "<|channel|>", "<|message|>"]):
+        assert Constraint.grammar(lark, special_tokens=other) is given  # the one kept build
+    # A name that is not a token is still refused by its index as given.
+    with pytest.raises(ConstraintError, match="special_tokens\\[2\\]"):
+        Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>", "x"])
+    # The control: another set of tokens is another constraint.
+    assert Constraint.grammar(lark, special_tokens=["<|message|>", "<|channel|>",
+                                                    "<|return|>"]) != given
+

@@ -2,10 +2,15 @@
 a grammar string, a regex or a choice that reads `<|channel|>` is forced and generated as
 ordinary text tokens, never as the special token, on a tiny tokenizer that has it as special and
 on SmolLM2's byte-level BPE (`<|im_end|>`); where the encoder cannot be copied, the greedy split
-over ordinary tokens answers. Negative control: the encoder alone (which reads the text as the
-special token) gets the same constraints refused, as they were before."""
+over ordinary tokens answers, and the copy is not tried again; threads that meet at the first
+use make one copy. Negative control: the encoder alone (which reads the text as the special
+token) gets the same constraints refused, as they were before."""
 
 from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -100,3 +105,51 @@ def test_smollm2_writes_an_im_end_const_as_text(smollm2_tokenizer):
     ids = generated(Constraint.json_schema(schema), tokenizer)
     assert tokenizer.decode(ids) == '{"end": "<|im_end|>"}'
     assert not set(ids) & special_ids(tokenizer)
+
+
+class CountedEncoder:
+    """An encoder that reads the marker as its special id and counts the copies asked of it
+    (to_str), each slow enough for concurrent callers to meet; `copyable`: whether to_str
+    works."""
+
+    def __init__(self, copyable: bool, inner=None) -> None:
+        self.copyable, self.inner, self.copies = copyable, inner, 0
+        self.lock = threading.Lock()
+
+    def encode(self, text, add_special_tokens=False):
+        if self.inner is not None:
+            return self.inner.encode(text, add_special_tokens=add_special_tokens)
+
+        class Encoding:
+            ids = [5] * text.count(CHANNEL)
+        return Encoding()
+
+    def to_str(self) -> str:
+        with self.lock:
+            self.copies += 1
+        time.sleep(0.05)
+        if not self.copyable:
+            raise RuntimeError("no copy")
+        return self.inner.to_str()
+
+
+def test_a_failed_copy_is_not_tried_again():
+    pieces = [b"<", b"|", b"<|", b"|>", b"channel", CHANNEL.encode(), b"</s>"]
+    encoder = CountedEncoder(copyable=False)
+    table = tokens._TokenTable(encoder, pieces, [5, 6], 6, None)
+    # Texts the table has not seen (it keeps the ids of those it has), each holding the marker.
+    for repeat in range(1, 4):
+        assert table(CHANNEL * repeat) == [2, 4, 3] * repeat  # the greedy split answers
+    assert encoder.copies == 1
+
+
+def test_concurrent_first_uses_make_one_copy():
+    backend = tiny_tokenizer().backend
+    encoder = CountedEncoder(copyable=True, inner=backend)
+    table_pieces, special = tokens.token_bytes(tiny_tokenizer())
+    table = tokens._TokenTable(encoder, table_pieces, special, backend.token_to_id(CHANNEL),
+                               None)
+    expected = [backend.token_to_id(c) for c in "x" + CHANNEL]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: table("x" + CHANNEL), range(8)))
+    assert answers == [expected] * 8 and encoder.copies == 1

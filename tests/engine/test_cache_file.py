@@ -18,7 +18,6 @@ from exactdraft.engine.cache_file import (
     CacheFileError,
     _content_digest,
     check_location,
-    read_key,
 )
 from tests.engine.test_prefix_cache import filled_cache
 
@@ -101,13 +100,3 @@ def test_a_read_only_folder_is_refused(tmp_path):
             check_location(folder / "prefixes.safetensors")
     finally:
         folder.chmod(stat.S_IRWXU)
-
-
-def test_a_key_file_is_read_and_a_short_one_refused(tmp_path):
-    (tmp_path / "key").write_bytes(KEY + b"\n")
-    assert read_key(tmp_path / "key") == KEY
-    (tmp_path / "short").write_bytes(b"abc\n")
-    with pytest.raises(CacheFileError, match="16 bytes or more, the file holds 3"):
-        read_key(tmp_path / "short")
-    with pytest.raises(CacheFileError, match="cannot read the cache key file"):
-        read_key(tmp_path / "absent")

@@ -4,8 +4,9 @@ names special tokens, declared in the request, is generated through every API th
 tokenizer that has Harmony's markers as special tokens, the named token written as its id; each
 bad value is refused with a 400 naming its field (`constraint.special_tokens`,
 `constraint.special_tokens[i]`), a token the tokenizer lacks as a special token is refused
-naming it, special_tokens with a kind that names none is refused by name, and the server goes
-on serving. Negative controls: the same grammar undeclared is refused, and without the named
+naming it, special_tokens with a kind that names none is refused by name, a grammar that refers
+to a token by id (`<[1]>`) is refused naming constraint.grammar, and the server goes on
+serving. Negative controls: the same grammar undeclared is refused, and without the named
 token the reply holds no special id. A JSON const equal to a marker's text is served as text."""
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def test_the_field_carries_the_declared_tokens_in_the_request_order():
     assert plain.special_tokens == () and plain.special_tokens_field == ""
     for nothing in ([], None):  # declares nothing, as no key does (null: as if absent)
         assert constraint_from({"constraint": {**DECLARED, "special_tokens": nothing}}) == plain
-    assert constraint_from({"constraint": {"regex": "x", "special_tokens": None}}).kind == \
-        "regex"
+    for nothing in ([], None):  # with a kind that names no special tokens too
+        for other in ({"regex": "x"}, {"json_schema": {"type": "string"}}, {"choices": ["a"]}):
+            request = constraint_from({"constraint": {**other, "special_tokens": nothing}})
+            assert request == constraint_from({"constraint": other})
 
 
 @pytest.mark.parametrize("constraint, param, words", [
@@ -126,6 +129,9 @@ def test_a_declared_grammar_through_every_api(served):
     ({**DECLARED, "special_tokens": ["<|channel|>", ["<|x|>"]]},
      "constraint.special_tokens[1]", "special token's name"),
     ({"regex": "x", "special_tokens": ["<|channel|>"]}, "constraint.special_tokens", "regex"),
+    ({"grammar": 'start: "x" <[1]> "y"'}, "constraint.grammar",  # a token by id
+     "refers to tokens by id (<[1]>); name each special token instead (<|channel|>) and "
+     "declare it: constraint.special_tokens, a list beside the grammar"),
 ])
 def test_refusals_name_the_field_and_the_server_goes_on(served, path, constraint, param,
                                                         words):

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exactdraft.constraints.constraint import COMPACT_JSON
+from exactdraft.constraints.once import OncePer, once_per
 from exactdraft.server.tool_calls.readers import (
     CallSink,
     JsonEnd,
@@ -109,7 +110,15 @@ _BODY_ENDS = r"<\|end\|>|<\|return\|>|<\|call\|>"
 
 def markers_are_special(tokenizer: Any) -> bool:
     """Whether `tokenizer` (an exactdraft Tokenizer) has every Harmony marker as a special
-    token, as gpt-oss's has: a forced call's grammar then names them as tokens."""
+    token, as gpt-oss's has: a forced call's grammar then names them as tokens. Found once
+    per tokenizer (its added-token table is read the first time only)."""
+    return once_per(tokenizer, _MARKERS_SPECIAL, lambda: _reads_markers_as_special(tokenizer))
+
+
+_MARKERS_SPECIAL = OncePer()  # tokenizer -> markers_are_special
+
+
+def _reads_markers_as_special(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "backend", None)
     if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
         return False
@@ -121,17 +130,18 @@ def markers_are_special(tokenizer: Any) -> bool:
 def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
                  parallel: bool, special_markers: bool = False) -> str | None:
     """The Lark grammar (llguidance's dialect) of the calls tool_choice `choice` forces in
-    Harmony ("required": one call to any function, several with `parallel`; a function's
-    name: one call to it), or None for "auto" and "none" (free output). The reply may reason
-    first, in one analysis message; each call is a commentary message to functions.NAME with
-    compact JSON arguments (unless the schema says otherwise), ended by <|call|>. The
-    generation prompt ends with <|start|>assistant, so the first message has no role header
-    and a later call starts with one.
+    Harmony ("required": one call to any function, several with `parallel` where the markers
+    are text; a function's name: one call to it), or None for "auto" and "none" (free
+    output). The reply may reason first, in one analysis message; each call is a commentary
+    message to functions.NAME with compact JSON arguments (unless the schema says otherwise),
+    ended by <|call|>. The generation prompt ends with <|start|>assistant, so the first
+    message has no role header and a later call starts with one.
 
     `special_markers`: the tokenizer has the markers as special tokens (markers_are_special):
     the grammar names them as tokens (build it with Constraint.grammar(..., special_tokens=
     SPECIAL_MARKERS)), and its last <|call|> is optional, for <|call|> is then a stop token,
-    allowed where the grammar may end. Otherwise the markers are text."""
+    allowed where the grammar may end; the reply ends at its first <|call|>, so that form has
+    one call per reply, `parallel` or not. Otherwise the markers are text."""
     if choice in ("auto", "none"):
         return None
     chosen = list(functions) if choice == "required" else \
@@ -139,7 +149,7 @@ def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
     if not chosen:
         raise ToolCallError(f"tool_choice names {choice!r}, which is not one of the tools")
     if special_markers:
-        return _special_grammar(chosen, parallel)
+        return _special_grammar(chosen)
     rules = []
     for index, function in enumerate(chosen):
         head = f"<|channel|>commentary to=functions.{function['name']} <|constrain|>json" \
@@ -155,17 +165,18 @@ def call_grammar(functions: Sequence[Mapping[str, Any]], choice: str,
         r"thought[lazy]: /(?s:.*)<\|end\|>/", *rules]) + "\n"
 
 
-def _special_grammar(chosen: Sequence[Mapping[str, Any]], parallel: bool) -> str:
-    """call_grammar's calls with the markers named as special tokens. The reasoning is text
-    holding no body end written as text, so the splitter ends it where the token ends it."""
+def _special_grammar(chosen: Sequence[Mapping[str, Any]]) -> str:
+    """call_grammar's call with the markers named as special tokens: one call, since
+    <|call|> is a stop token that ends the reply (a call after it could never be written).
+    The reasoning is text holding no body end written as text, so the splitter ends it where
+    the token ends it."""
     rules = []
     for index, function in enumerate(chosen):
         recipient = json.dumps(f"commentary to=functions.{function['name']} ")
         rules.append(f'call_{index}: <|channel|> {recipient} <|constrain|> "json" <|message|> '
                      f"%json {_arguments(function)}")
-    more = ' (<|call|> <|start|> "assistant" call)*' if parallel else ""
     return "\n".join([
-        f"start: analysis? call{more} <|call|>?",
+        "start: analysis? call <|call|>?",
         "call: " + " | ".join(f"call_{i}" for i in range(len(chosen))),
         'analysis: <|channel|> "analysis" <|message|> THOUGHT <|end|> <|start|> "assistant"',
         f"THOUGHT: /(?s:.*)/ & ~/(?s:.*)({_BODY_ENDS})(?s:.*)/", *rules]) + "\n"

@@ -3,7 +3,8 @@ counts once, as reasoning; bytes of one character go with it; adjacent Harmony m
 no token twice) and through the live server on the tiny llama (one token a character), where
 the count is the number of tokens the tokenizer gives for the reasoning and its markup, the
 same in the whole and the streamed reply of the chat and Responses APIs, and 0 without
-reasoning."""
+reasoning. The token offsets are found in one pass equal to every prefix decoded whole, and a
+stream counts only when its usage is sent."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytest
 
 from exactdraft.server.reasoning.formats import ThinkSplitter
 from exactdraft.server.reasoning.harmony import HarmonySplitter
-from exactdraft.server.reasoning.usage import reasoning_token_count
+from exactdraft.server.reasoning.usage import (
+    prefix_offsets,
+    reasoning_token_count,
+    text_offsets,
+)
 from tests.conftest import needs_smollm2
 from tests.server.live import post
 from tests.server.reasoning.test_replies import ASK, OPENED, SHAPE, THINK, stream, think_server
@@ -199,3 +204,83 @@ def test_the_count_with_a_subword_tokenizer():
     expected = len(tokenizer.encode(region, add_special_tokens=False))
     assert 0 < expected < len(ids)
     assert reasoning_token_count(splitter.spans, ids, tokenizer.decode) == expected
+
+
+def made_decode(pieces: list[str | bytes], decoded: list[int] | None = None):
+    """A decoder of `pieces` (one a token) that adds to `decoded` the tokens it decodes."""
+    def decode(ids: list[int]) -> str:
+        if decoded is not None:
+            decoded.append(len(ids))
+        return b"".join(p if isinstance(p, bytes) else p.encode() for p in
+                        (pieces[i] for i in ids)).decode("utf-8", "replace")
+    return decode
+
+
+def test_the_offsets_are_the_prefix_decodes_in_one_pass():
+    """Harmony-shaped text of 40 analysis messages (tokens of text, markers, and "é" and "€"
+    cut into bytes): the one-pass offsets equal every prefix decoded whole, and the decoder is
+    asked for a number of tokens linear in the reply (the prefixes decoded whole, the control,
+    ask for a quadratic number)."""
+    pieces: list[str | bytes] = []
+    for message in range(40):
+        pieces += ["<|channel|>", "analysis", "<|message|>", "Step", f" {message}", " caf",
+                   b"\xc3", b"\xa9", " costs", " ", b"\xe2", b"\x82", b"\xac", "3", ".",
+                   "<|end|>", "<|start|>", "assistant"]
+    pieces += ["<|channel|>", "final", "<|message|>", "Done", "<|return|>"]
+    tokens = list(range(len(pieces)))
+    fast, whole = [], []
+    offsets = text_offsets(tokens, made_decode(pieces, fast))
+    assert offsets == prefix_offsets(tokens, made_decode(pieces, whole))
+    assert sum(fast) <= 12 * len(tokens) and sum(whole) > 25 * sum(fast)
+    # Byte tokens hold their offset back until the character is whole.
+    cafe = pieces.index(" caf")
+    assert offsets[cafe + 2] == offsets[cafe + 1] and offsets[cafe + 3] == offsets[cafe + 1] + 1
+
+
+def test_a_decoder_whose_text_is_not_local_gets_the_prefix_decodes():
+    """A decoder that writes the count of tokens first: the windows cannot give its offsets,
+    the whole text's length says so, and every prefix is decoded instead."""
+    def decode(ids: list[int]) -> str:
+        return f"{len(ids)}:" + "".join("ab"[i % 2] for i in ids)
+
+    tokens = list(range(12))
+    assert text_offsets(tokens, decode) == prefix_offsets(tokens, decode)
+    assert text_offsets(tokens, decode)[-1] == len("12:" + "ab" * 6)
+
+
+@needs_smollm2
+def test_the_offsets_on_a_subword_tokenizer():
+    from exactdraft.pretrained import load_checkpoint
+
+    tokenizer = load_checkpoint(None).tokenizer
+    text = ("<think>\nThe user greets me; I greet back, café and all, 3€ — ✓ 你好.\n</think>"
+            "  Hello!\n\n  Nice to meet you. 🙂") * 3
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert text_offsets(ids, tokenizer.decode) == prefix_offsets(ids, tokenizer.decode)
+
+
+def test_the_count_is_made_only_for_a_usage_that_is_sent(served, monkeypatch):
+    """A streamed chat reply counts its reasoning tokens only with include_usage; a whole
+    reply, whose usage is always sent, counts them."""
+    import exactdraft.server.openai_api as openai_api
+
+    counted: list[int] = []
+    make_counter = openai_api.reasoning_counter
+
+    def counting(tokenizer, prompt_ids):
+        count = make_counter(tokenizer, prompt_ids)
+
+        def counted_count(text, tokens):
+            counted.append(len(tokens))
+            return count(text, tokens)
+        return counted_count
+
+    monkeypatch.setattr(openai_api, "reasoning_counter", counting)
+    base, _ = served
+    body = {**BODY, "seed": 1}
+    stream(base, "/v1/chat/completions", {**body, "stream": True})
+    assert counted == []
+    stream(base, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+    assert len(counted) == 1
+    status, reply = post(base, "/v1/chat/completions", body)
+    assert status == 200 and len(counted) == 2, reply

@@ -145,6 +145,23 @@ def test_the_call_tokens_a_model_writes_are_what_the_grammar_allows(
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
 
 
+def test_the_special_form_has_one_call_per_reply(harmony_tokenizer):
+    """<|call|> is a stop token: the reply ends at the first call, so the special form's
+    grammar has no calls after it, parallel or not; the text form (the control) repeats
+    calls under parallel."""
+    harmony = format_named("harmony")
+    one = constraint_grammar(harmony, FUNCTIONS, "required", False, True)
+    assert constraint_grammar(harmony, FUNCTIONS, "required", True, True) == one
+    assert "<|call|> <|start|>" not in one
+    assert constraint_grammar(harmony, FUNCTIONS, "required", True) != \
+        constraint_grammar(harmony, FUNCTIONS, "required", False)
+    first = harmony_tokenizer.encode(CALL + "<|call|>")
+    ids = harmony_tokenizer.encode(CALL + "<|call|><|start|>assistant" + NOW + "<|call|>")
+    assert first[-1] in harmony_tokenizer.stop_token_ids
+    assert walk(special_constraint("required", parallel=True), harmony_tokenizer, ids) == \
+        (len(first), True)
+
+
 def test_negative_control_the_text_form_refuses_the_marker_tokens(harmony_tokenizer,
                                                                   tiny_checkpoints):
     text_form = Constraint.grammar(constraint_grammar(format_named("harmony"), FUNCTIONS,
@@ -166,7 +183,7 @@ def test_negative_control_the_text_form_refuses_the_marker_tokens(harmony_tokeni
     # The special form needs the markers as special tokens: refused, naming them, for the
     # tiny llama's tokenizer, where the text form is the one that works.
     plain = Tokenizer.from_folder(tiny_checkpoints["llama"])
-    with pytest.raises(ConstraintError, match="<\\|start\\|>, <\\|channel\\|>.*which this"):
+    with pytest.raises(ConstraintError, match="<\\|call\\|>, <\\|channel\\|>.*which this"):
         special.compile_for(plain)
     text_form.compile_for(plain)
 
@@ -284,3 +301,29 @@ def test_negative_control_the_server_with_the_text_form_spells_the_markers(serve
     monkeypatch.setattr(requests, "markers_are_special", lambda tokenizer: False)
     text, ids = written()
     assert text.startswith("<|channel|>") and not ids & markers
+
+
+class CountedBackend:
+    def __init__(self, markers) -> None:
+        from tokenizers import AddedToken
+
+        self.added = {i: AddedToken(m, special=True) for i, m in enumerate(markers)}
+        self.reads = 0
+
+    def get_added_tokens_decoder(self):
+        self.reads += 1
+        return self.added
+
+
+class StandIn:
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+
+def test_markers_are_special_reads_the_added_tokens_once_per_tokenizer():
+    from exactdraft.server.tool_calls.harmony import SPECIAL_MARKERS, markers_are_special
+
+    harmony, plain = StandIn(CountedBackend(SPECIAL_MARKERS)), StandIn(CountedBackend([]))
+    for _ in range(3):
+        assert markers_are_special(harmony) and not markers_are_special(plain)
+    assert harmony.backend.reads == 1 and plain.backend.reads == 1

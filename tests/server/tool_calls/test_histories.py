@@ -10,6 +10,7 @@ from exactdraft.server.anthropic_api import thinking_apart
 from exactdraft.server.fields import RequestError
 from exactdraft.server.tool_calls.histories import anthropic_history, openai_history
 
+KEY = b"k" * 32  # the server's thinking key; the blocks' "s" is not its signature
 CALL = {"id": "t1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
 
 
@@ -22,7 +23,7 @@ def test_anthropic_thinking_beside_a_call_is_the_reasoning_of_that_message():
                     {"type": "tool_use", "id": "t1", "name": "now", "input": {}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                               "content": "noon"}]}]
-    history = anthropic_history(thinking_apart(messages), None)
+    history = anthropic_history(thinking_apart(messages, KEY), None)
     assert history[1] == {"role": "assistant", "content": "",
                           "tool_calls": [{**CALL, "function": {"name": "now",
                                                                "arguments": {}}}],
@@ -51,5 +52,5 @@ def test_openai_reasoning_beside_calls_is_kept_and_checked():
 def test_thinking_outside_an_assistant_message_is_refused_by_name():
     messages = [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]
     with pytest.raises(RequestError) as refused:
-        anthropic_history(thinking_apart(messages), None)
+        anthropic_history(thinking_apart(messages, KEY), None)
     assert refused.value.param == "messages[0].content[0].type"

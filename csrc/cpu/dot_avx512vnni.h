@@ -181,6 +181,21 @@ static inline vi vi_lanes_nibble(const uint8_t *p, int shift)
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     return shift ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
 }
+/* Row lanes' nibble pairs as 16-bit pairs: low nibble | high nibble << 16 ((z | z << 12) &
+ * 0x000F000F, 0xA8 being (a | b) & c), for vi_pairs_dot. */
+#define DOT_MINIMUM_PAIRS
+static inline vi vi_lanes_nibble_pairs(const uint8_t *p)
+{
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_ternarylogic_epi32(bytes, _mm512_slli_epi32(bytes, 12),
+                                     _mm512_set1_epi32(0x000F000F), 0xA8);
+}
+/* Each lane's two 16-bit halves times the two 16-bit halves of `pair`, summed: exact int32
+ * (vpdpwssd onto zero: the emulated build's SIMDe lacks a usable 512-bit vpmaddwd). */
+static inline vi vi_pairs_dot(vi pairs, int32_t pair)
+{
+    return _mm512_dpwssd_epi32(_mm512_setzero_si512(), pairs, _mm512_set1_epi32(pair));
+}
 static inline vi vi_lanes_int8(const uint8_t *p)
 {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));

@@ -84,7 +84,8 @@ static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
     const struct quantized_rows *q = a->q;
     const uint8_t *super = k_low_super_block(a->records, a->record_bytes, b);
     const uint8_t *block = k_low_block(format, super, b);
-    k_low_parameters(format, super, a->lane0, scale, second);
+    /* The super-block's d (and -dmin) serve its 8 blocks: read at its first. */
+    if (b % K_LOW_BLOCKS == 0) k_low_parameters(format, super, a->lane0, scale, second);
     struct dot_codes w;
     dot_load_k_low(format, block + K_LOW_SCALE_BYTES + 4 * a->lane0, &w);
     const ptrdiff_t first = b * a->rows + a->first_row;
@@ -98,6 +99,7 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
 {
     const struct quantized_rows *q = a->q;
     dv acc[DOT_TILE_ROWS];
+    dv super_scale = dv_zero(), super_second = dv_zero(); /* q2_k and q3_k's d and -dmin */
     /* Unrolled row loops keep every accumulator in a register. */
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) acc[r] = dv_zero();
@@ -111,14 +113,13 @@ static ALWAYS_INLINE void dot_tile(const int format, const int rows, const struc
             for (size_t line = 0; line < a->record_bytes; line += 64)
                 __builtin_prefetch(next + line);
         if (K_LOW(format)) {
-            dv scale, second;
             vi isum[DOT_TILE_ROWS], isum1[DOT_TILE_ROWS];
-            dot_k_low_sums(format, rows, a, b, &scale, &second, isum, isum1);
+            dot_k_low_sums(format, rows, a, b, &super_scale, &super_second, isum, isum1);
             const ptrdiff_t first = b * a->rows + a->first_row;
 #pragma GCC unroll 8
             for (int r = 0; r < rows; r++)
-                acc[r] = dv_add(acc[r], dot_block_term(format, scale, second, q, first + r,
-                                                       isum[r], &isum1[r]));
+                acc[r] = dv_add(acc[r], dot_block_term(format, super_scale, super_second, q,
+                                                       first + r, isum[r], &isum1[r]));
             continue;
         }
         const dv scale = dot_parameter(format, record, codes, 0, a->lane0);

@@ -17,7 +17,8 @@
  * Invariant: a block's sums are exact integers (|I| < 2^20): q2_k's I = sc0 isum0 + sc1 isum1
  * and M = m0 sum(x, 0..15) + m1 sum(x, 16..31), q3_k's I = s0 isum0 + s1 isum1 with the
  * halves' offset 4 taken out by the starts, formed exactly in int32 lanes by every level (a
- * level may scale q2_k's codes by their sub-scales first: the same integers); the
+ * level may scale q2_k's codes by their sub-scales first, or form M from 16-bit pairs: the
+ * same integers); the
  * float epilogue is dot_record.h's (q2_k as q6_k's two terms with scales d and -dmin, q3_k
  * as one term with scale d), so the bits depend on K and the values only.
  */
@@ -69,7 +70,12 @@ static ALWAYS_INLINE void k_low_unpack(const int format, const uint8_t *codes, u
 /* A block's integer sub-scales of lanes lane0..lane0 + DOT_VW - 1: scale[0], scale[1] of its
  * weights 0..15 and 16..31, and q2_k's minimum[0], minimum[1]. */
 struct k_low_scales {
-    vi scale[2], minimum[2];
+    vi scale[2];
+#ifdef DOT_MINIMUM_PAIRS
+    vi minimum_pairs; /* q2_k's m0 | m1 << 16 in each lane: one 16-bit pair product */
+#else
+    vi minimum[2];
+#endif
 };
 
 static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *block,
@@ -79,8 +85,12 @@ static ALWAYS_INLINE void k_low_load_scales(const int format, const uint8_t *blo
     if (format == FORMAT_Q2_K) {
         s->scale[0] = vi_lanes_nibble(block + lane0, 0);
         s->scale[1] = vi_lanes_nibble(block + lane0, 4);
+#ifdef DOT_MINIMUM_PAIRS
+        s->minimum_pairs = vi_lanes_nibble_pairs(block + DOT_GROUP + lane0);
+#else
         s->minimum[0] = vi_lanes_nibble(block + DOT_GROUP + lane0, 0);
         s->minimum[1] = vi_lanes_nibble(block + DOT_GROUP + lane0, 4);
+#endif
     } else {
         s->scale[0] = vi_lanes_int8(block + lane0);
         s->scale[1] = vi_lanes_int8(block + DOT_GROUP + lane0);
@@ -120,6 +130,20 @@ static ALWAYS_INLINE void dot_load_k_low(const int format, const uint8_t *chunks
 }
 #endif
 
+/* q2_k's M = m0 sum(x, 0..15) + m1 sum(x, 16..31) of a row whose halves' activation sums are
+ * half_sums[0..1] (each |sum| <= 16 * 127, so a 16-bit pair holds them). */
+static ALWAYS_INLINE vi k_low_minimums(const struct k_low_scales *s, const int32_t *half_sums)
+{
+#ifdef DOT_MINIMUM_PAIRS
+    return vi_pairs_dot(s->minimum_pairs,
+                        (int32_t)((uint32_t)(uint16_t)half_sums[0] |
+                                  (uint32_t)half_sums[1] << 16));
+#else
+    return vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
+                        vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
+#endif
+}
+
 /* Row r's exact block sums from its halves' sums isum0, isum1: *isum = I and, for q2_k,
  * *isum1 = M from the halves' activation sums (q2_k's starts, set_dot_starts). */
 static ALWAYS_INLINE void k_low_combine(const int format, const struct k_low_scales *s,
@@ -127,9 +151,7 @@ static ALWAYS_INLINE void k_low_combine(const int format, const struct k_low_sca
 {
     const vi high = *isum1;
     *isum = vi_lanes_add(vi_lanes_mul(s->scale[0], *isum), vi_lanes_mul(s->scale[1], high));
-    if (format == FORMAT_Q2_K)
-        *isum1 = vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
-                              vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
+    if (format == FORMAT_Q2_K) *isum1 = k_low_minimums(s, half_sums);
 }
 
 /* Rows' exact sums of a block whose codes are w (rows' activations at x + 32 r, their starts
@@ -145,11 +167,7 @@ static ALWAYS_INLINE void k_low_sums(const int format, const int rows, struct do
         dot_scale_halves(w, s->scale[0], s->scale[1]);
         dot_u8_rows(w, x, NULL, rows, isum);
 #pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            const int32_t *half_sums = starts + 2 * r;
-            isum1[r] = vi_lanes_add(vi_lanes_mul(s->minimum[0], vi_set1(half_sums[0])),
-                                    vi_lanes_mul(s->minimum[1], vi_set1(half_sums[1])));
-        }
+        for (int r = 0; r < rows; r++) isum1[r] = k_low_minimums(s, starts + 2 * r);
         return;
     }
 #endif

@@ -17,7 +17,7 @@ import numpy as np
 from exactdraft.errors import ParameterError
 from exactdraft.prompts import check_text
 
-_INCOMPLETE = "\ufffd"
+INCOMPLETE = "\ufffd"  # what a decoder writes for bytes a later token completes
 
 
 def check_stop_tokens(stop_tokens: Sequence[int], vocab_size: int | None) -> list[int]:
@@ -97,7 +97,7 @@ class StopMatcher:
         else:
             text = self._decode(output)
             end = len(text)
-            while end and text[end - 1] == _INCOMPLETE:
+            while end and text[end - 1] == INCOMPLETE:
                 end -= 1
             held = 0
             for string in self.strings:

@@ -21,9 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from exactdraft.server.reasoning.formats import reasoning_splitters
-
-INCOMPLETE = "\ufffd"  # what a decoder writes for bytes a later token completes
-
+from exactdraft.stops import INCOMPLETE
 
 # Tokens decoded before a window's first token, for the decoders whose text of a token depends
 # on the token before it (a leading space dropped at the start, bytes merged into characters).

@@ -40,8 +40,10 @@ def test_one_line_per_request(live, caplog) -> None:
     status, reply = post(base, "/v1/chat/completions", {
         "model": MODEL, "messages": USER, "max_tokens": 16, "temperature": 0.7, "seed": 1})
     assert status == 200
+    # A fixed seed: under a fresh one the sample may draw </s> before max_tokens (about one
+    # request in thirty here), and the counts below would rightly be fewer than 8.
     events = streamed(base, {"model": MODEL, "messages": USER, "max_tokens": 8,
-                             "stream": True})
+                             "stream": True, "seed": 1})
     assert post(base, "/v1/messages", {"model": MODEL, "messages": USER})[0] == 400
     get(base, "/health")
     found = wait_for_lines(caplog, 3)
@@ -59,6 +61,24 @@ def test_one_line_per_request(live, caplog) -> None:
     assert found[2][:3] == ("POST", "/v1/messages", "400")
     assert found[2][3:8] == ("0",) * 5
     assert [g[:3] for g in lines(caplog, logging.DEBUG)] == [("GET", "/health", "200")]
+
+
+def test_a_stream_that_ends_at_a_stop_token_logs_what_it_sent(live, caplog) -> None:
+    """A sample that draws </s> before max_tokens: its line counts the tokens the stream
+    reported, not max_tokens."""
+    base, _ = live
+    caplog.set_level(logging.INFO, logger="exactdraft.server")
+    events = streamed(base, {"model": MODEL, "messages": USER, "max_tokens": 8,
+                             "stream": True, "seed": 43})
+    delta = next(e for e in events if e["type"] == "message_delta")
+    # This seed's sample ends at </s> early, so the count differs from max_tokens.
+    assert delta["delta"]["stop_reason"] == "end_turn"
+    assert 0 < delta["usage"]["output_tokens"] < 8
+    found = wait_for_lines(caplog, 1)
+    assert [line[:3] for line in found] == [("POST", "/v1/messages", "200")]
+    assert int(found[0][5]) == delta["usage"]["output_tokens"]
+    assert (int(found[0][6]), int(found[0][7])) == (delta["receipt"]["drafted"],
+                                                    delta["receipt"]["accepted"])
 
 
 def test_serve_log_level_and_model_alias_flags(tiny_checkpoints, tmp_path) -> None:

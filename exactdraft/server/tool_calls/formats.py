@@ -7,8 +7,9 @@ calls in the same order with the same names, and argument deltas that concatenat
 arguments string. Raw call markup never reaches content: text that could still be the start of
 a start marker is held back (as exactdraft/stops.py holds back stop strings) until it is
 settled. Whitespace between content and a call is dropped with the call's markup (a text with
-no calls comes out whole). A call's events are held back until the call is complete, so a call
-that never completes (the text ends inside it) is never emitted, whole or streamed; a text cut
+no calls comes out whole). A call's events are held back until the call is complete and its
+markup read to its end (or the text ends inside the markup), so a call that never completes
+(the text ends inside it) is never emitted, whole or streamed; a text cut
 by the length limit (`finish(cut=True)`) also drops a held-back piece of a start marker and the
 whitespace before it. `parse_tool_calls` is the splitter fed the whole text, so a whole
 response and a stream of the same text agree.
@@ -34,15 +35,21 @@ exactdraft.loading.chat_template.generic_tools_prompt, which lists the functions
 schemas and asks for <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 
 Model text whose call markup does not parse (arguments that are not a JSON object, a function
-that is not among the tools, a broken list) raises ToolCallError naming the call; exactdraft
-does not turn such text back into content. A text that ends inside a call (the length limit, or
-a stop token inside the markup) ends that call as incomplete, without error, and the splitter
-drops it: an incomplete call's arguments need not parse.
+that is not among the tools, a broken list) is a broken call: from the start marker of the
+markup it sits in (with the whitespace before it) the rest of the text is content, markup
+included, and no later call is read; calls of earlier markup stay calls. Whole or streamed, the
+same text gives the same content, since a markup's calls are held back, and its text kept, until
+it is read to its end (a list's calls come out together). The splitter logs the
+reason (logger `exactdraft.server.tool_calls`, WARNING); `strict=True` raises it instead, as
+ToolCallError naming the call. A text that ends inside a call (the length limit, or a stop token
+inside the markup) ends that call as incomplete, without error, and the splitter drops it: an
+incomplete call's arguments need not parse.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,18 +166,24 @@ def detect_format(template: str | None) -> ToolFormat:
 
 
 _LEADING = ('{"name"', '{ "name"')
+logger = logging.getLogger("exactdraft.server.tool_calls")
 
 
 class ToolCallSplitter:
     """Text deltas in, events out (see the module invariant). `tools`: function name ->
     parameters schema (a call to another name raises ToolCallError); None accepts any name.
-    `max_calls`: calls past this many are read and dropped (parallel_tool_calls false)."""
+    `max_calls`: calls past this many are read and dropped (parallel_tool_calls false).
+    `strict`: a broken call raises ToolCallError instead of turning into content."""
 
     def __init__(self, tool_format: ToolFormat,
                  tools: Mapping[str, Mapping[str, Any] | None] | None = None, *,
-                 id_prefix: str = "call_", max_calls: int | None = None) -> None:
+                 id_prefix: str = "call_", max_calls: int | None = None,
+                 strict: bool = False) -> None:
         self.format, self.tools = tool_format, tools
-        self.id_prefix, self.max_calls = id_prefix, max_calls
+        self.id_prefix, self.max_calls, self.strict = id_prefix, max_calls, strict
+        self.broken = False  # a call did not parse: the rest of the text is content
+        self.call_text = ""  # the call being read, from its start marker, as consumed so far
+        self.call_space = ""  # the whitespace before that call's start marker
         self.pending = ""
         self.reader: Any = None
         self.calls: list[tuple[str, str]] = []  # (id, name) by index
@@ -178,6 +191,9 @@ class ToolCallSplitter:
         self.opened = False  # content other than whitespace, or a call, has been seen
         self.space = ""  # trailing whitespace of the content, held back
         self.held: list[Event] = []  # the events of the call being read, until it completes
+        # The complete calls of the markup being read (a list holds several), until the markup
+        # is read to its end (or the text ends inside it): a broken list is content whole.
+        self.ready: list[Event] = []
         self.cut = False
 
     # -- the sink the readers report to ----------------------------------------------------
@@ -199,7 +215,7 @@ class ToolCallSplitter:
         # An incomplete call (the text ended inside it) is dropped with what it held.
         held, self.held = self.held, []
         if complete and (self.max_calls is None or index < self.max_calls):
-            self.events += [*held, CallEnd(index, arguments, complete)]
+            self.ready += [*held, CallEnd(index, arguments, complete)]
 
     def schema(self, name: str) -> dict[str, Any] | None:
         found = (self.tools or {}).get(name)
@@ -228,11 +244,40 @@ class ToolCallSplitter:
             self.opened = True
             self.events.append(Content(body))
 
+    def _break(self, error: ToolCallError) -> None:
+        """The call being read does not parse: its text, the whitespace before it and all
+        that follows are content."""
+        if self.strict:
+            raise error
+        logger.warning("a tool call in the model's text does not parse, so it is sent as "
+                       "content: %s", error)
+        self.held, self.ready, self.reader, self.broken = [], [], None, True
+        self.pending = self.call_space + self.call_text + self.pending
+
+    def _open_call(self, space: str, text: str) -> None:
+        self.call_space, self.call_text = space, text
+        self.reader = self.format.reader(self)
+
     def _drain(self, final: bool) -> list[Event]:
         while True:
+            if self.broken:
+                self._content(self.pending)
+                self.pending = ""
+                if final and self.space:
+                    self.events.append(Content(self.space))
+                    self.space = ""
+                break
             if self.reader is not None:
-                used, done = self.reader.feed(self.pending, final)
+                try:
+                    used, done = self.reader.feed(self.pending, final)
+                except ToolCallError as error:
+                    self._break(error)
+                    continue
+                self.call_text += self.pending[:used]
                 self.pending = self.pending[used:]
+                if done or final:  # read to its end, or the text ended inside it
+                    self.events += self.ready
+                    self.ready = []
                 if not done:
                     if final:
                         self.pending, self.reader = "", None
@@ -247,17 +292,18 @@ class ToolCallSplitter:
                     self.pending = ""  # a call's opening cut short
                     break
                 if head.startswith(_LEADING):
+                    space = self.space + self.pending[:len(self.pending) - len(head)]
                     self.pending, self.opened, self.space = head, True, ""
-                    self.reader = self.format.reader(self)
+                    self._open_call(space, "")
                     continue
             found = [(at, marker) for marker in self.format.markers
                      if (at := self.pending.find(marker)) >= 0]
             if found:
                 at, marker = min(found)
                 self._content(self.pending[:at])
-                self.space = ""
+                space, self.space = self.space, ""
                 self.pending, self.opened = self.pending[at + len(marker):], True
-                self.reader = self.format.reader(self)
+                self._open_call(space, marker)
                 continue
             held = held_back(self.pending, self.format.markers)
             if final and not (self.cut and held):
@@ -285,10 +331,11 @@ def held_back(text: str, markers: Sequence[str]) -> int:
 def parse_tool_calls(text: str, tool_format: ToolFormat,
                      tools: Mapping[str, Mapping[str, Any] | None] | None = None, *,
                      id_prefix: str = "call_", max_calls: int | None = None,
-                     cut: bool = False) -> tuple[str, list[ToolCall]]:
+                     cut: bool = False, strict: bool = False) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole model text: the splitter fed the text at once (`cut`: see
-    ToolCallSplitter.finish)."""
-    splitter = ToolCallSplitter(tool_format, tools, id_prefix=id_prefix, max_calls=max_calls)
+    ToolCallSplitter.finish; `strict`: a broken call raises ToolCallError)."""
+    splitter = ToolCallSplitter(tool_format, tools, id_prefix=id_prefix, max_calls=max_calls,
+                                strict=strict)
     return collect(splitter.feed(text) + splitter.finish(cut))
 
 

@@ -7,9 +7,8 @@ name and the argument deltas concatenate to its arguments (OpenAI `tool_calls`, 
 `input_json_delta` of a `tool_use` block), and no text delta carries call markup. A call is sent
 once it is complete (its deltas come together); a call the text ends inside (cut by max_tokens
 or a stop token) is neither a call nor content, whole or streamed, so every call a response
-holds has arguments that parse, and the response goes back into a history as it is. Model text
-whose complete calls do not parse raises ToolCallError (a 500 for a whole response, an error
-event in a stream, which has already sent what came before). A thinking block ends with a
+holds has arguments that parse, and the response goes back into a history as it is. A complete
+call that does not parse is content, as written, with the text after it (formats.py). A thinking block ends with a
 `signature_delta` carrying its signature (server/reasoning/signatures.py) before it stops.
 """
 

@@ -142,7 +142,7 @@ def test_content_that_could_open_a_call_is_held_back_until_settled():
     assert llama.feed("tion") == [Content('  {"nation')]
 
 
-@pytest.mark.parametrize("name, text, message", [
+BROKEN = [
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": Paris}}</tool_call>',
      "tool call 0 (get_weather) is not valid JSON"),
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>',
@@ -158,10 +158,43 @@ def test_content_that_could_open_a_call_is_held_back_until_settled():
      "instead of ',' or ']'"),
     ("gemma", "```tool_code\nimport os\n```", "not Python calls"),
     ("gemma", "```tool_code\nget_weather(city=open('x'))\n```", "is not a literal"),
-])
-def test_markup_that_does_not_parse_raises_naming_the_call(name, text, message):
+]
+
+
+@pytest.mark.parametrize("name, text, message", BROKEN)
+def test_markup_that_does_not_parse_raises_naming_the_call_when_strict(name, text, message):
     with pytest.raises(ToolCallError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        parse_tool_calls(text, format_named(name), TOOLS)
+        parse_tool_calls(text, format_named(name), TOOLS, strict=True)
+
+
+@pytest.mark.parametrize("name, text, message", BROKEN)
+def test_a_broken_call_and_the_text_after_it_are_content(name, text, message, caplog):
+    """A call that does not parse is sent as the model wrote it: from its start marker (with
+    the whitespace before it) the text is content, whole or fed in any pieces, and the reason
+    is logged; a call before it stays a call. Control: the strict splitter raises on the same
+    text (the test above)."""
+    tool_format = format_named(name)
+    good = {"hermes": '<tool_call>{"name": "now", "arguments": {}}</tool_call>',
+            "qwen3-xml": "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+            "gemma": "```tool_code\nnow()\n```"}.get(name)
+    whole = "Hi. " + text + "\nafter"
+    cases = [(whole, whole, [])]
+    if good is not None:
+        cases.append(("Hi. " + good + "\n" + text + " after", "Hi.\n" + text + " after",
+                      [("now", "{}")]))
+    for full, content, calls in cases:
+        caplog.clear()
+        expected = parse_tool_calls(full, tool_format, TOOLS)
+        assert expected[0] == content
+        assert [(c.name, c.arguments) for c in expected[1]] == calls
+        reason = message.replace("tool call 0 ", "")  # the second case's call is call 1
+        assert any(reason in record.getMessage() for record in caplog.records
+                   if record.name == "exactdraft.server.tool_calls"), caplog.records
+        cut = random.Random(len(full)).sample(range(1, len(full)), 5)
+        for pieces in (list(full), [full[:a] for a in [0]] + [full[a:b] for a, b in
+                                                             zip([0, *sorted(cut)],
+                                                                 [*sorted(cut), len(full)])]):
+            assert collect(run(tool_format, pieces)) == expected
 
 
 MARKERS = [marker for row in FORMATS for marker in row.markers]

@@ -84,9 +84,12 @@ def test_a_text_cut_inside_a_call_drops_it():
     ("<|channel|>commentary to=functions.delete_all <|constrain|>json<|message|>{}",
      "delete_all"),
 ])
-def test_markup_that_does_not_parse_raises_naming_the_call(text, message):
+def test_markup_that_does_not_parse_raises_naming_the_call_when_strict(text, message):
     with pytest.raises(ToolCallError, match=message):
-        parse_tool_calls(text, format_named("harmony"), TOOLS)
+        parse_tool_calls(text, format_named("harmony"), TOOLS, strict=True)
+    # Not strict: the call is content as written, with the text around it.
+    whole = "Hi " + text + " end"
+    assert parse_tool_calls(whole, format_named("harmony"), TOOLS) == (whole, [])
 
 
 def test_a_header_past_the_limit_is_refused_whole_or_streamed():
@@ -100,7 +103,8 @@ def test_a_header_past_the_limit_is_refused_whole_or_streamed():
         for pieces in ([text], list(text), [text[:200], text[200:]]):
             if refused:
                 with pytest.raises(ToolCallError, match="no <\\|message\\|> within 256"):
-                    run(harmony, pieces)
+                    run(harmony, pieces, strict=True)
+                check_events(run(harmony, pieces), text, [])
             else:
                 check_events(run(harmony, pieces), "", [("now", "{}")])
 

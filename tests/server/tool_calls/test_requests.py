@@ -29,7 +29,7 @@ from exactdraft.server import anthropic_api, openai_api
 from exactdraft.server.fields import Wanted
 from exactdraft.server.service import Service
 from exactdraft.server.tool_calls.formats import format_named
-from exactdraft.server.tool_calls.readers import ToolCallError
+from exactdraft.server.tool_calls.replies import assembled_blocks
 from exactdraft.server.tool_calls.requests import ToolRequest
 from tests.conftest import needs_smollm2
 from tests.server.conftest import MODEL
@@ -388,19 +388,32 @@ def test_good_tool_requests_are_served(live):
         assert status == 200, (path, reply)
 
 
-def test_a_broken_call_in_the_model_text_is_an_error_naming_it(service_and_result):
-    """Arguments that do not parse are not passed on as a call nor as content."""
+def test_a_broken_call_in_the_model_text_is_content(service_and_result, caplog):
+    """Arguments that do not parse are not passed on as a call: the model's text goes back as
+    content, as written, through both APIs whole and streamed (finish "stop", "end_turn"),
+    and the server logs why. Control: the same text with valid arguments is a call."""
     service, result = service_and_result
     text = 'Hm. <tool_call>{"name": "get_weather", "arguments": {"city": Paris}}</tool_call>'
     wanted = Wanted(prompt=[1], max_tokens=8, tools=ToolRequest([FUNCTION]))
     final = dataclasses.replace(result, text=text, finish_reason="stop", stop=None)
-    with pytest.raises(ToolCallError, match=r"tool call 0 \(get_weather\) is not valid JSON"):
-        openai_api.Reply(service, True, wanted, [1]).whole([final])
-    with pytest.raises(ToolCallError, match=r"tool call 0 \(get_weather\)"):
-        anthropic_api.Reply(service, wanted, [1]).whole([final])
+    whole = openai_api.Reply(service, True, wanted, [1]).whole([final])["choices"][0]
+    assert whole["message"] == {"role": "assistant", "content": text}
+    assert whole["finish_reason"] == "stop"
+    assert any("tool call 0 (get_weather) is not valid JSON" in record.getMessage()
+               for record in caplog.records if record.name == "exactdraft.server.tool_calls")
+    message = anthropic_api.Reply(service, wanted, [1]).whole([final])
+    assert message["content"] == [{"type": "text", "text": text}]
+    assert message["stop_reason"] == "end_turn"
     reply = openai_api.Reply(service, True, wanted, [1])
-    with pytest.raises(ToolCallError):
-        replay(lambda c, first: reply.chunk(0, c, first, 0), text, result)
+    chunks = replay(lambda c, first: reply.chunk(0, c, first, 0), text, result)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == text
+    assert not any("tool_calls" in d for d in deltas)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    reply = anthropic_api.Reply(service, wanted, [1])
+    events = reply.start_events() + [
+        e for batch in replay(lambda c, _: reply.chunk_events(c), text, result) for e in batch]
+    assert assembled_blocks(events) == [{"type": "text", "text": text}]
     # Control: the same text with valid arguments is a call.
     fixed = dataclasses.replace(final, text=text.replace("Paris", '"Paris"'))
     assert openai_api.Reply(service, True, wanted, [1]).whole([fixed])["choices"][0][

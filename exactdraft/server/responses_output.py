@@ -7,11 +7,12 @@ every item is announced (`response.output_item.added`, status in_progress) befor
 and finished (`response.output_item.done`) after them with the very item the response's
 `output` holds at that `output_index`; a message's `response.output_text.delta` events
 concatenate to its text and a call's `response.function_call_arguments.delta` events to its
-`arguments`. No text carries call markup; whitespace around calls is dropped as the tool-call
-splitter drops it (server/tool_calls/formats.py). A call cut by the length limit is dropped, as
-the chat APIs drop it: no function_call item whose arguments may not parse. Where the template
-has reasoning (server/reasoning/), the reasoning is a `reasoning` item before what follows it,
-its text a reasoning_text content part streamed as `response.reasoning_text.delta` events.
+`arguments`. No text carries call markup but a broken call's; whitespace around calls is
+dropped as the tool-call splitter drops it (server/tool_calls/formats.py). A call cut by the
+length limit is dropped, as the chat APIs drop it: no function_call item whose arguments may
+not parse. Where the template has reasoning (server/reasoning/), the reasoning is a
+`reasoning` item before what follows it, its text a reasoning_text content part streamed as
+`response.reasoning_text.delta` events.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ turns text deltas into content deltas and tool-call events.
 Invariant: what the splitter emits depends only on the text, not on how the text was cut into
 deltas: feeding a text whole or in any pieces gives the same content (concatenated), the same
 calls in the same order with the same names, and argument deltas that concatenate to the same
-arguments string. Raw call markup never reaches content: text that could still be the start of
+arguments string. Raw call markup never reaches content (but a broken call's, below): text
+that could still be the start of
 a start marker is held back (as exactdraft/stops.py holds back stop strings) until it is
 settled. Whitespace between content and a call is dropped with the call's markup (a text with
 no calls comes out whole). A call's events are held back until the call is complete and its
@@ -171,7 +172,7 @@ logger = logging.getLogger("exactdraft.server.tool_calls")
 
 class ToolCallSplitter:
     """Text deltas in, events out (see the module invariant). `tools`: function name ->
-    parameters schema (a call to another name raises ToolCallError); None accepts any name.
+    parameters schema (a call to another name is a broken call); None accepts any name.
     `max_calls`: calls past this many are read and dropped (parallel_tool_calls false).
     `strict`: a broken call raises ToolCallError instead of turning into content."""
 
@@ -200,7 +201,9 @@ class ToolCallSplitter:
 
     def start(self, name: str) -> int:
         index = len(self.calls)
-        if self.tools is not None and name not in self.tools:
+        # A call past max_calls is dropped whatever its name, as a good one is.
+        if self.tools is not None and name not in self.tools and (
+                self.max_calls is None or index < self.max_calls):
             raise ToolCallError(f"tool call {index} names {name[:80]!r}, which is not one of "
                                 f"the tools ({', '.join(sorted(self.tools))})")
         call_id = f"{self.id_prefix}{index}"
@@ -249,8 +252,8 @@ class ToolCallSplitter:
         that follows are content."""
         if self.strict:
             raise error
-        logger.warning("a tool call in the model's text does not parse, so it is sent as "
-                       "content: %s", error)
+        logger.warning("a tool call in the model's text (calls %s*) does not parse, so it is "
+                       "sent as content: %s", self.id_prefix, error)
         self.held, self.ready, self.reader, self.broken = [], [], None, True
         self.pending = self.call_space + self.call_text + self.pending
 

@@ -4,12 +4,13 @@ stream events, made from the model's text by the request's tool-call splitter.
 Invariant: a streamed response assembles to the whole response for the same text: the content
 deltas concatenate to the message's content, each call's first delta carries its index, id and
 name and the argument deltas concatenate to its arguments (OpenAI `tool_calls`, Anthropic
-`input_json_delta` of a `tool_use` block), and no text delta carries call markup. A call is sent
-once it is complete (its deltas come together); a call the text ends inside (cut by max_tokens
-or a stop token) is neither a call nor content, whole or streamed, so every call a response
-holds has arguments that parse, and the response goes back into a history as it is. A complete
-call that does not parse is content, as written, with the text after it (formats.py). A thinking block ends with a
-`signature_delta` carrying its signature (server/reasoning/signatures.py) before it stops.
+`input_json_delta` of a `tool_use` block), and no text delta carries call markup but a broken
+call's (one that does not parse: content as written, with the text after it; formats.py). A
+call is sent once it is complete and its markup ends (its deltas come together; a list's calls
+together); a call the text ends inside (cut by max_tokens or a stop token) is neither a call
+nor content, whole or streamed, so every call a response holds has arguments that parse, and
+the response goes back into a history as it is. A thinking block ends with a `signature_delta`
+carrying its signature (server/reasoning/signatures.py) before it stops.
 """
 
 from __future__ import annotations

@@ -158,6 +158,10 @@ BROKEN = [
      "instead of ',' or ']'"),
     ("gemma", "```tool_code\nimport os\n```", "not Python calls"),
     ("gemma", "```tool_code\nget_weather(city=open('x'))\n```", "is not a literal"),
+    ("generic", '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo",}}'
+     "</tool_call>", "tool call 0 (get_weather) is not valid JSON"),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": [1]}', "not an object"),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": Oslo}', "not JSON"),
 ]
 
 
@@ -191,10 +195,36 @@ def test_a_broken_call_and_the_text_after_it_are_content(name, text, message, ca
         assert any(reason in record.getMessage() for record in caplog.records
                    if record.name == "exactdraft.server.tool_calls"), caplog.records
         cut = random.Random(len(full)).sample(range(1, len(full)), 5)
-        for pieces in (list(full), [full[:a] for a in [0]] + [full[a:b] for a, b in
-                                                             zip([0, *sorted(cut)],
-                                                                 [*sorted(cut), len(full)])]):
+        bounds = [0, *sorted(cut), len(full)]
+        for pieces in (list(full), [full[a:b] for a, b in zip(bounds, bounds[1:])]):
             assert collect(run(tool_format, pieces)) == expected
+
+
+def test_a_broken_call_past_the_call_limit_is_dropped_as_a_good_one_is():
+    """With one call allowed (parallel_tool_calls false), a second call naming an unknown
+    function is dropped as a second good call is, not turned into content; one whose
+    arguments do not parse is still a broken call. Control: without the limit the unknown
+    name is a broken call."""
+    hermes = format_named("hermes")
+    first = '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    unknown = '\n<tool_call>{"name": "launch", "arguments": {}}</tool_call>'
+    assert parse_tool_calls(first + unknown, hermes, TOOLS, max_calls=1) == \
+        parse_tool_calls(first + first, hermes, TOOLS, max_calls=1) == \
+        ("", [ToolCall("call_0", "now", "{}")])
+    assert parse_tool_calls(first + unknown, hermes, TOOLS) == \
+        (unknown, [ToolCall("call_0", "now", "{}")])
+    broken = '\n<tool_call>{"name": "now", "arguments": {x}}</tool_call>'
+    assert parse_tool_calls(first + broken, hermes, TOOLS, max_calls=1) == \
+        (broken, [ToolCall("call_0", "now", "{}")])
+
+
+def test_a_broken_call_then_a_cut_stays_content():
+    """A text cut by the length limit after a broken call keeps all of it as content."""
+    text = 'A <tool_call>{"name": "now", "arguments": [1]}</tool_call> and <tool_c'
+    for pieces in ([text], list(text)):
+        splitter = ToolCallSplitter(format_named("generic"), TOOLS)
+        events = [e for piece in pieces for e in splitter.feed(piece)]
+        assert collect(events + splitter.finish(cut=True)) == (text, [])
 
 
 MARKERS = [marker for row in FORMATS for marker in row.markers]

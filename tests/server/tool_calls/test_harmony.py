@@ -87,9 +87,10 @@ def test_a_text_cut_inside_a_call_drops_it():
 def test_markup_that_does_not_parse_raises_naming_the_call_when_strict(text, message):
     with pytest.raises(ToolCallError, match=message):
         parse_tool_calls(text, format_named("harmony"), TOOLS, strict=True)
-    # Not strict: the call is content as written, with the text around it.
+    # Not strict: the call is content as written, with the text around it, however fed.
     whole = "Hi " + text + " end"
     assert parse_tool_calls(whole, format_named("harmony"), TOOLS) == (whole, [])
+    check_events(run(format_named("harmony"), list(whole)), whole, [])
 
 
 def test_a_header_past_the_limit_is_refused_whole_or_streamed():

@@ -414,6 +414,7 @@ def test_a_broken_call_in_the_model_text_is_content(service_and_result, caplog):
     events = reply.start_events() + [
         e for batch in replay(lambda c, _: reply.chunk_events(c), text, result) for e in batch]
     assert assembled_blocks(events) == [{"type": "text", "text": text}]
+    assert [p["delta"]["stop_reason"] for k, p in events if k == "message_delta"] == ["end_turn"]
     # Control: the same text with valid arguments is a call.
     fixed = dataclasses.replace(final, text=text.replace("Paris", '"Paris"'))
     assert openai_api.Reply(service, True, wanted, [1]).whole([fixed])["choices"][0][

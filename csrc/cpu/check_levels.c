@@ -142,12 +142,13 @@ static void check_dot(const struct kernel_table *level, int format, ptrdiff_t ro
         struct quantize_problem quantize = {x, &q, rows, depth};
         dot->quantize_rows(&quantize, 0, rows);
         set_dot_starts(format, dot->q8_code_bias, &q, per_block);
+        uint8_t *tables = sign_tables_for(dot, format, &q, per_block);
         out[l] = malloc(sizeof(float) * (size_t)(rows * columns));
         struct matmul_problem p = {.x = x, .weight = weight, .out = out[l], .rows = rows,
                                    .depth = depth, .columns = columns, .format = format,
                                    .layout = LAYOUT_DOT, .quantized = &q};
         dot->dot_matmul_columns(&p, 0, columns);
-        free(scales), free(sums);
+        free(scales), free(sums), free(tables);
     }
     char what[96];
     snprintf(what, sizeof what, "dot %s %zd x %zd x %zd", FORMAT_ROWS[format].name, rows, depth,

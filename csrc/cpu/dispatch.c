@@ -20,6 +20,15 @@
 /* Matmul splits N into this many contiguous chunks per thread: few enough that each thread
  * streams long runs of weights (which the prefetchers follow), enough to even out the load. */
 #define MATMUL_CHUNKS_PER_THREAD 4
+/* q1_0's lookup (dot_sign_lookup.h) costs a table of 256 bytes per quantized block and
+ * activation row, built before any column and read for every group of weight rows: it pays
+ * for calls with at least this many output columns, with few rows (the bytewise path shares
+ * each decoded code among the rows), and while the tables stay in a core's own cache. Two
+ * rows keep the bytewise path: its two-row tile measured faster on weights read from memory
+ * (benchmarks/matmul_ab.py --shape 4096x65536 --formats q1_0: 1.06-1.09x with the lookup). */
+#define SIGN_LOOKUP_MIN_COLUMNS 128
+#define SIGN_LOOKUP_MAX_ROWS 8
+#define SIGN_LOOKUP_MAX_TABLE_BYTES (256 * 1024)
 
 #if defined(HAVE_X86_LEVELS) && defined(EXACTDRAFT_EMULATE_X86)
 /* The emulated test build runs every level on any x86-64 CPU. */
@@ -43,6 +52,7 @@ static int x86_has(const char *feature)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (!strcmp(feature, "fma"))
         return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx");
+    if (!strcmp(feature, "avx512vbmi")) return __builtin_cpu_supports("avx512vbmi");
     return 0;
 }
 #endif
@@ -222,6 +232,24 @@ void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q
     }
 }
 
+uint8_t *sign_tables_for(const struct kernel_table *dot, int format, struct quantized_rows *q,
+                         size_t per_block)
+{
+    q->sign_tables = NULL;
+#if defined(HAVE_X86_LEVELS)
+    if (format != FORMAT_Q1_0 || !dot->build_sign_tables || !x86_has("avx512vbmi")) return NULL;
+    /* On cache lines, so that each 64-byte table vector is one line's read. */
+    uint8_t *tables = aligned_alloc(64, per_block * 256);
+    if (!tables) return NULL; /* the bytewise path gives the same bits */
+    dot->build_sign_tables(q, per_block, tables);
+    q->sign_tables = tables;
+    return tables;
+#else
+    (void)dot, (void)format, (void)per_block;
+    return NULL;
+#endif
+}
+
 int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem *p,
                   int parallel)
 {
@@ -240,10 +268,16 @@ int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem 
     if (parallel) run_quantize_rows(&quantize);
     else kernels->quantize_rows(&quantize, 0, p->rows);
     set_dot_starts(p->format, kernels->q8_code_bias, &quantized, per_block);
+    uint8_t *tables = p->rows <= SIGN_LOOKUP_MAX_ROWS && p->rows != 2 &&
+                              p->columns >= SIGN_LOOKUP_MIN_COLUMNS &&
+                              per_block * 256 <= SIGN_LOOKUP_MAX_TABLE_BYTES
+                          ? sign_tables_for(kernels, p->format, &quantized, per_block)
+                          : NULL;
     struct matmul_problem with_rows = *p;
     with_rows.quantized = &quantized;
     if (parallel) run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);
     else kernels->dot_matmul_columns(&with_rows, 0, p->columns);
+    free(tables);
     free(scratch);
     return 0;
 }

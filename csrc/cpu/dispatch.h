@@ -34,6 +34,11 @@ int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem 
  * whose q8_0 codes carry q8_code_bias. */
 void set_dot_starts(int format, int q8_code_bias, const struct quantized_rows *q,
                     size_t per_block);
+/* q1_0's lookup tables of the quantized rows q (per_block blocks) where the dot kernels `dot`
+ * read them and the CPU has AVX-512 VBMI: set as q->sign_tables and returned, for the caller
+ * to free; else (and when out of memory: the bytewise path gives the same bits) NULL. */
+uint8_t *sign_tables_for(const struct kernel_table *dot, int format, struct quantized_rows *q,
+                         size_t per_block);
 /* Quantize activation rows as the dot layout's matmul does (exposed for tests). */
 void run_quantize_rows(const struct quantize_problem *p);
 void run_attention(const struct attention_problem *p);

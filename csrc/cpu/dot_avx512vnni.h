@@ -10,6 +10,8 @@
 #include <string.h>
 
 #define DOT_TILE_ROWS 8
+/* q1_0 by table lookup where the CPU has VBMI (dot_sign_lookup.h). */
+#define DOT_SIGN_LOOKUP 1
 #define DOT_Q8_CODE_BIAS 128
 #define DOT_VW 16
 

@@ -75,6 +75,9 @@ struct dot_args {
 #include "dot_record.h"
 #include "dot_k_low.h"
 #include "dot_low_bit.h"
+#if defined(DOT_SIGN_LOOKUP)
+#include "dot_sign_lookup.h"
+#endif
 
 /* q2_k and q3_k's block b (dot_k_low.h): its parameters and each row's exact sums. */
 static ALWAYS_INLINE void dot_k_low_sums(const int format, const int rows,
@@ -215,6 +218,12 @@ static void dot_matmul_columns(const struct matmul_problem *p, ptrdiff_t first, 
     struct dot_args a = {.record_bytes = (size_t)FORMAT_ROWS[p->format].dot_record_bytes,
                          .blocks = blocks,
                          .rows = p->rows, .q = p->quantized, .out_stride = p->out_stride ? p->out_stride : p->columns};
+#if defined(DOT_SIGN_LOOKUP)
+    if (p->format == FORMAT_Q1_0 && p->quantized->sign_tables && p->rows <= DOT_TILE_ROWS) {
+        dot_sign_columns(p, first, end, a);
+        return;
+    }
+#endif
     for (ptrdiff_t n = first; n < end; n += DOT_VW) {
         const ptrdiff_t group = n / DOT_GROUP;
         a.records = p->weight + (size_t)(group * blocks) * a.record_bytes;

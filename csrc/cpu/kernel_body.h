@@ -380,4 +380,7 @@ const struct kernel_table KERNEL_TABLE = {
     .dot_matmul_columns = dot_matmul_columns,
     .q8_code_bias = DOT_Q8_CODE_BIAS,
 #endif
+#if defined(DOT_SIGN_LOOKUP)
+    .build_sign_tables = build_sign_tables,
+#endif
 };

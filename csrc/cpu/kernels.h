@@ -74,6 +74,8 @@ struct quantized_rows {
                               * which take the codes' offset out (set by the matmul); the
                               * second is q6_k's, for the block's weights 16..31, the first
                               * covers the rest */
+    const uint8_t *sign_tables; /* [K / 32, M, 256]: q1_0's lookup tables (dot_sign_lookup.h)
+                                 * where the level's kernels read them, else NULL */
 };
 
 struct matmul_problem {
@@ -144,6 +146,10 @@ struct kernel_table {
     /* The level's dot primitives see q8_0 weights as w + q8_code_bias (128 where the product
      * needs an unsigned operand, else 0); q4 codes are the stored 0..15 everywhere. */
     int q8_code_bias;
+    /* q1_0's lookup tables (dot_sign_lookup.h) of the first `count` quantized blocks of q, on
+     * a level whose dot_matmul_columns reads q->sign_tables where set; NULL elsewhere. Only
+     * for CPUs with AVX-512 VBMI (dispatch.c's sign_tables_for checks). */
+    void (*build_sign_tables)(const struct quantized_rows *q, size_t count, uint8_t *out);
 };
 
 extern const struct kernel_table kernels_scalar;

@@ -20,6 +20,7 @@
 
 /* Intrinsics this SIMDe release lacks, lane by lane as Intel documents them. */
 #define __mmask16 simde__mmask16
+#define __mmask32 simde__mmask32
 #ifndef _MM_FROUND_NO_EXC
 #define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
 #define _MM_FROUND_TO_NEAREST_INT SIMDE_MM_FROUND_TO_NEAREST_INT

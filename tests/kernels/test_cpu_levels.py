@@ -149,6 +149,34 @@ def test_the_level_check_catches_a_sink_merged_after_the_keys(x86_folder, tmp_pa
     assert any("window 17 sinks" in line for line in different)
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_the_level_check_catches_a_wrong_sign_table(x86_folder, tmp_path):
+    """Negative control: the avx512vnni level with one entry of q1_0's lookup tables one too
+    large is reported as different, on q1_0's dot checks only: the check program runs the
+    lookup (dot_sign_lookup.h) wherever the CPU has VBMI."""
+    needs("gcc")
+    if not cpu.available() or "avx512vnni" not in cpu.simd_levels():
+        pytest.skip("this CPU does not run the avx512vnni level")
+    if "avx512vbmi" not in cpu_flags():
+        pytest.skip("this CPU lacks AVX-512 VBMI (no avx512vbmi in /proc/cpuinfo): "
+                    "q1_0 takes the bytewise path")
+    result = failing_check(x86_folder, tmp_path, "EXACTDRAFT_SIGN_TABLE_MISTAKE",
+                           "level_avx512vnni")
+    different = [line for line in result.stdout.splitlines() if "DIFFERENT" in line]
+    assert different and all(" dot q1_0 " in line for line in different)
+    assert any(line.startswith("avx512vnni ") for line in different)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
 def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):

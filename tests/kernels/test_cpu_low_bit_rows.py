@@ -54,3 +54,23 @@ def test_a_changed_code_changes_only_its_column(format):
         others = np.arange(16) != 3
         assert np.array_equal(bits(ours[:, others]), bits(theirs[:, others]))
         assert np.array_equal(bits(theirs), bits(dot_reference(x[:rows], changed)))
+
+
+def test_q1_0_lookup_matvec_gives_the_emulation_bits(level):
+    """q1_0 with enough output columns and few rows takes the table lookup on the avx512vnni
+    level of a CPU with VBMI (dot_sign_lookup.h; from 128 columns, 1 and 3 to 8 rows) and the
+    bytewise decode with 2 rows, past 8 and everywhere else: every row count gives the numpy
+    emulation's bits, and a changed code changes its column through the lookup too."""
+    rng = np.random.default_rng(33)
+    weight = quantized_weight("q1_0", 300, 1024, rng)  # 18 full groups of 16 and a partial one
+    packed = cpu.pack_matrix(weight, layout="dot")
+    x = awkward_rows(rng, 10, 1024)
+    expected = bits(dot_reference(x, weight))
+    for rows in range(1, 11):
+        assert np.array_equal(bits(cpu.matmul(x[:rows], packed)), expected[:rows]), rows
+    data = weight.data.copy()
+    data[290, 18 + 7] ^= 0x10  # the second GGUF block of 128: awkward rows start with zeros
+    changed = QuantizedTensor("q1_0", data, weight.shape)
+    theirs = cpu.matmul(x[:1], cpu.pack_matrix(changed, layout="dot"))
+    assert not np.array_equal(bits(theirs[:, 290]), expected[:1, 290])
+    assert np.array_equal(bits(theirs), bits(dot_reference(x[:1], changed)))

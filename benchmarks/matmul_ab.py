@@ -201,7 +201,9 @@ def main() -> int:
             for name, module in builds.items():
                 # Each build has its own thread pool, whose idle workers spin for 0.1 ms
                 # after a call: an untimed round first lets the other build's stop (and
-                # wakes this one's) without a sleep, after which the workers would sleep.
+                # wakes this one's) without a sleep, after which the workers would sleep. It
+                # also brings this build's weights as close to the cores as they fit, the
+                # same for both builds.
                 one_round(module, matrices[name], *buffers[m])
                 times[(name, m)].append(one_round(module, matrices[name], *buffers[m]))
     medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}

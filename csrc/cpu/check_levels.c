@@ -325,6 +325,8 @@ static void check_level(const struct kernel_table *level)
             check_dot(level, format, 1, 37, 256);
             check_dot(level, format, 7, 50, 512);
             check_dot(level, format, 13, 16, 256);
+            /* q1_0's lookup: four groups at a time, then a partial fourth group. */
+            if (format == FORMAT_Q1_0) check_dot(level, format, 1, 121, 256);
         }
     }
     const ptrdiff_t head_dims[4] = {40, 64, 128, 256};

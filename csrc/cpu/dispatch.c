@@ -27,8 +27,9 @@
  * rows keep the bytewise path: its two-row tile measured faster on weights read from memory
  * (benchmarks/matmul_ab.py --shape 4096x65536 --formats q1_0: 1.06-1.09x with the lookup). */
 #define SIGN_LOOKUP_MIN_COLUMNS 128
-#define SIGN_LOOKUP_MAX_ROWS 8
 #define SIGN_LOOKUP_MAX_TABLE_BYTES (256 * 1024)
+/* With one row the lookup reads four groups of weight rows at a time (dot_sign_lookup.h). */
+#define SIGN_LOOKUP_COLUMN_TILE (4 * DOT_GROUP)
 
 #if defined(HAVE_X86_LEVELS) && defined(EXACTDRAFT_EMULATE_X86)
 /* The emulated test build runs every level on any x86-64 CPU. */
@@ -239,7 +240,7 @@ uint8_t *sign_tables_for(const struct kernel_table *dot, int format, struct quan
 #if defined(HAVE_X86_LEVELS)
     if (format != FORMAT_Q1_0 || !dot->build_sign_tables || !x86_has("avx512vbmi")) return NULL;
     /* On cache lines, so that each 64-byte table vector is one line's read. */
-    uint8_t *tables = aligned_alloc(64, per_block * 256);
+    uint8_t *tables = aligned_alloc(64, per_block * SIGN_TABLE_BYTES);
     if (!tables) return NULL; /* the bytewise path gives the same bits */
     dot->build_sign_tables(q, per_block, tables);
     q->sign_tables = tables;
@@ -268,14 +269,15 @@ int dot_matmul_on(const struct kernel_table *level, const struct matmul_problem 
     if (parallel) run_quantize_rows(&quantize);
     else kernels->quantize_rows(&quantize, 0, p->rows);
     set_dot_starts(p->format, kernels->q8_code_bias, &quantized, per_block);
-    uint8_t *tables = p->rows <= SIGN_LOOKUP_MAX_ROWS && p->rows != 2 &&
+    uint8_t *tables = p->rows >= 1 && p->rows <= kernels->sign_lookup_rows && p->rows != 2 &&
                               p->columns >= SIGN_LOOKUP_MIN_COLUMNS &&
-                              per_block * 256 <= SIGN_LOOKUP_MAX_TABLE_BYTES
+                              per_block * SIGN_TABLE_BYTES <= SIGN_LOOKUP_MAX_TABLE_BYTES
                           ? sign_tables_for(kernels, p->format, &quantized, per_block)
                           : NULL;
     struct matmul_problem with_rows = *p;
     with_rows.quantized = &quantized;
-    if (parallel) run_columns(&with_rows, DOT_GROUP, kernels->dot_matmul_columns);
+    const ptrdiff_t tile = tables && p->rows == 1 ? SIGN_LOOKUP_COLUMN_TILE : DOT_GROUP;
+    if (parallel) run_columns(&with_rows, tile, kernels->dot_matmul_columns);
     else kernels->dot_matmul_columns(&with_rows, 0, p->columns);
     free(tables);
     free(scratch);

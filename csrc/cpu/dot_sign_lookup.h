@@ -19,7 +19,6 @@
 #ifndef EXACTDRAFT_CPU_DOT_SIGN_LOOKUP_H
 #define EXACTDRAFT_CPU_DOT_SIGN_LOOKUP_H
 
-#define SIGN_TABLE_BYTES 256
 /* Groups of 16 weight rows that share each table read, at most. */
 #define SIGN_GROUPS 4
 
@@ -89,15 +88,17 @@ static ALWAYS_INLINE SIGN_LOOKUP_TARGET struct sign_table sign_table_at(const ui
 /* A row's sum of the block from its table: the four positions of each row lane (vpdpbusd adds
  * a dword's four bytes) at the nibbles' indices; -4096 takes out the 512 of each of the eight
  * entries. */
-static ALWAYS_INLINE SIGN_LOOKUP_TARGET vi sign_lookup_sum(__m512i low, __m512i high,
+static ALWAYS_INLINE SIGN_LOOKUP_TARGET vi sign_lookup_sum(__m512i low_nibbles,
+                                                           __m512i high_nibbles,
                                                            const struct sign_table *t)
 {
     const __m512i ones = _mm512_set1_epi8(1), weight = _mm512_set1_epi8((char)128);
     __m512i sum = _mm512_set1_epi32(-4096);
-    sum = _mm512_dpbusd_epi32(sum, _mm512_permutexvar_epi8(low, t->part[0]), ones);
-    sum = _mm512_dpbusd_epi32(sum, weight, _mm512_permutexvar_epi8(low, t->part[1]));
-    sum = _mm512_dpbusd_epi32(sum, _mm512_permutexvar_epi8(high, t->part[2]), ones);
-    return _mm512_dpbusd_epi32(sum, weight, _mm512_permutexvar_epi8(high, t->part[3]));
+    sum = _mm512_dpbusd_epi32(sum, _mm512_permutexvar_epi8(low_nibbles, t->part[0]), ones);
+    sum = _mm512_dpbusd_epi32(sum, weight, _mm512_permutexvar_epi8(low_nibbles, t->part[1]));
+    sum = _mm512_dpbusd_epi32(sum, _mm512_permutexvar_epi8(high_nibbles, t->part[2]), ones);
+    return _mm512_dpbusd_epi32(sum, weight,
+                               _mm512_permutexvar_epi8(high_nibbles, t->part[3]));
 }
 
 /* dot_tile for q1_0 with the tables in q->sign_tables, for `groups` consecutive groups of 16
@@ -119,7 +120,7 @@ static ALWAYS_INLINE SIGN_LOOKUP_TARGET void dot_sign_tile(const int rows, const
         for (int r = 0; r < rows; r++) acc[g][r] = dv_zero();
     }
     for (ptrdiff_t b = 0; b < a->blocks; b++) {
-        __m512i low[SIGN_GROUPS], high[SIGN_GROUPS];
+        __m512i low_nibbles[SIGN_GROUPS], high_nibbles[SIGN_GROUPS];
 #pragma GCC unroll 4
         for (int g = 0; g < groups; g++) {
             const uint8_t *records = a->records + g * group_bytes;
@@ -131,9 +132,9 @@ static ALWAYS_INLINE SIGN_LOOKUP_TARGET void dot_sign_tile(const int rows, const
             if (b % SHARED_BLOCKS(format) == 0)
                 scale[g] = dot_parameter(format, record, codes, 0, 0);
             const __m512i bytes = _mm512_loadu_si512((const void *)codes);
-            low[g] = _mm512_ternarylogic_epi32(bytes, nibble, position, 0xEA);
-            high[g] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), nibble, position,
-                                                0xEA);
+            low_nibbles[g] = _mm512_ternarylogic_epi32(bytes, nibble, position, 0xEA);
+            high_nibbles[g] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), nibble,
+                                                        position, 0xEA);
         }
         const ptrdiff_t first = b * a->rows + a->first_row;
 #pragma GCC unroll 8
@@ -142,7 +143,7 @@ static ALWAYS_INLINE SIGN_LOOKUP_TARGET void dot_sign_tile(const int rows, const
                 sign_table_at(q->sign_tables + (first + r) * SIGN_TABLE_BYTES);
 #pragma GCC unroll 4
             for (int g = 0; g < groups; g++) {
-                const vi isum = sign_lookup_sum(low[g], high[g], &table);
+                const vi isum = sign_lookup_sum(low_nibbles[g], high_nibbles[g], &table);
                 acc[g][r] = dv_add(acc[g][r], dot_block_term(format, scale[g], scale[g], q,
                                                              first + r, isum, &isum));
             }

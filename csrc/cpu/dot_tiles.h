@@ -230,6 +230,7 @@ static void fill_tile_level(void)
     tile_level = kernels_avx512vnni;
     tile_level.name = TILE_LEVEL_NAME;
     tile_level.dot_matmul_columns = tile_matmul_columns;
+    tile_level.sign_lookup_rows = 1; /* more rows run on tiles, which read no tables */
 }
 
 const struct kernel_table *TILE_LEVEL_FUNCTION(void)

@@ -382,5 +382,6 @@ const struct kernel_table KERNEL_TABLE = {
 #endif
 #if defined(DOT_SIGN_LOOKUP)
     .build_sign_tables = build_sign_tables,
+    .sign_lookup_rows = DOT_TILE_ROWS,
 #endif
 };

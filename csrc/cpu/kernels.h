@@ -62,6 +62,9 @@ static ALWAYS_INLINE int32_t start_at(const int32_t *starts, int i)
 /* Attention keeps per-head accumulators on the stack; this bounds the head dimension. */
 #define MAX_HEAD_DIM 1024
 
+/* The bytes of q1_0's lookup tables per quantized block and activation row. */
+#define SIGN_TABLE_BYTES 256
+
 /* Activation rows quantized per block of 32 for the dot layout: scale d = max |x| / 127 (0 for
  * a zero block), q = x / d rounded to nearest even and clamped to [-127, 127]. Block-major, so
  * that a tile of rows finds its block's values at fixed offsets. */
@@ -74,8 +77,9 @@ struct quantized_rows {
                               * which take the codes' offset out (set by the matmul); the
                               * second is q6_k's, for the block's weights 16..31, the first
                               * covers the rest */
-    const uint8_t *sign_tables; /* [K / 32, M, 256]: q1_0's lookup tables (dot_sign_lookup.h)
-                                 * where the level's kernels read them, else NULL */
+    const uint8_t *sign_tables; /* [K / 32, M, SIGN_TABLE_BYTES]: q1_0's lookup tables
+                                 * (dot_sign_lookup.h) where the level's kernels read them,
+                                 * else NULL */
 };
 
 struct matmul_problem {
@@ -147,9 +151,11 @@ struct kernel_table {
      * needs an unsigned operand, else 0); q4 codes are the stored 0..15 everywhere. */
     int q8_code_bias;
     /* q1_0's lookup tables (dot_sign_lookup.h) of the first `count` quantized blocks of q, on
-     * a level whose dot_matmul_columns reads q->sign_tables where set; NULL elsewhere. Only
-     * for CPUs with AVX-512 VBMI (dispatch.c's sign_tables_for checks). */
+     * a level whose dot_matmul_columns reads q->sign_tables where set, for calls of at most
+     * sign_lookup_rows rows; NULL elsewhere. Only for CPUs with AVX-512 VBMI (dispatch.c's
+     * sign_tables_for checks). */
     void (*build_sign_tables)(const struct quantized_rows *q, size_t count, uint8_t *out);
+    int sign_lookup_rows;
 };
 
 extern const struct kernel_table kernels_scalar;

@@ -71,6 +71,16 @@ def build(folder: Path, compiler: str, levels: list[str], extra: list[str] = (),
     return program
 
 
+# -O1: SIMDe's headers make -O3 builds slow, and the bits do not depend on it.
+EMULATED = ["-DEXACTDRAFT_EMULATE_X86", "-O1", "-Wno-psabi"]
+
+
+@pytest.fixture(scope="module")
+def emulated_folder(tmp_path_factory) -> Path:
+    """The SIMDe build's objects, shared by the tests that build it."""
+    return tmp_path_factory.mktemp("emulated")
+
+
 @pytest.fixture(scope="module")
 def x86_folder(tmp_path_factory) -> Path:
     """Where the native x86 objects are built once for this module."""
@@ -104,14 +114,15 @@ def test_native_x86_levels_give_the_scalar_bits(x86_folder):
     assert_all_same(run([str(program)]), len(runnable) + SCALAR_FMA + EMULATED_LEVELS)
 
 
-def failing_check(x86_folder: Path, folder: Path, define: str,
-                  rebuilt: str) -> subprocess.CompletedProcess:
-    """The native check program with `rebuilt` compiled again with -D`define` (the other objects
-    reused from x86_folder, built there where missing), run; it must report failed checks."""
-    build(x86_folder, "gcc", X86, rebuild=())  # compiles only the objects not there yet
+def failing_check(x86_folder: Path, folder: Path, define: str, rebuilt: str,
+                  extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The check program (native, or as `extra` flags build it) with `rebuilt` compiled again
+    with -D`define` (the other objects reused from x86_folder, built there where missing), run;
+    it must report failed checks."""
+    build(x86_folder, "gcc", X86, extra=extra, rebuild=())  # only the objects not there yet
     for reused in x86_folder.glob("*.o"):
         shutil.copy(reused, folder / reused.name)
-    program = build(folder, "gcc", X86, extra=[f"-D{define}"], rebuild=(rebuilt,))
+    program = build(folder, "gcc", X86, extra=[*extra, f"-D{define}"], rebuild=(rebuilt,))
     result = run([str(program)])
     assert result.returncode == 1 and "CHECKS FAILED" in result.stdout
     return result
@@ -191,15 +202,29 @@ def test_the_level_check_catches_a_non_canonical_level(x86_folder, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
-def test_emulated_x86_levels_give_the_scalar_bits(tmp_path):
+def test_emulated_x86_levels_give_the_scalar_bits(emulated_folder):
     """Every x86 level on SIMDe, on any x86 machine (the one check of levels a CPU lacks)."""
     needs("gcc")
     if not SIMDE_HEADER.is_file():
         pytest.skip(f"needs the SIMDe headers ({SIMDE_HEADER}; Debian: libsimde-dev)")
-    # -O1: SIMDe's headers make -O3 builds slow, and the bits do not depend on it.
-    program = build(tmp_path, "gcc", X86, extra=["-DEXACTDRAFT_EMULATE_X86", "-O1",
-                                                 "-Wno-psabi"])
+    program = build(emulated_folder, "gcc", X86, extra=EMULATED)
     assert_all_same(run([str(program)]), len(SIMDE_LEVELS) + SCALAR_FMA)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_X86, reason="the x86 levels are built on x86-64 only")
+def test_the_emulated_level_check_catches_a_wrong_sign_table(emulated_folder, tmp_path):
+    """Negative control on SIMDe, where the avx512vnni level runs q1_0's lookup on any x86
+    machine: one table entry one too large is reported as different, on q1_0's checks only."""
+    needs("gcc")
+    if not SIMDE_HEADER.is_file():
+        pytest.skip(f"needs the SIMDe headers ({SIMDE_HEADER}; Debian: libsimde-dev)")
+    result = failing_check(emulated_folder, tmp_path, "EXACTDRAFT_SIGN_TABLE_MISTAKE",
+                           "level_avx512vnni", extra=tuple(EMULATED))
+    different = [line for line in result.stdout.splitlines() if "DIFFERENT" in line]
+    assert different and all(" dot q1_0 " in line for line in different)
+    assert any(line.startswith("avx512vnni ") and " dot q1_0 1 x 256 x 121" in line
+               for line in different)
 
 
 @pytest.mark.slow

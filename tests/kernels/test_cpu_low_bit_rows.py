@@ -56,21 +56,25 @@ def test_a_changed_code_changes_only_its_column(format):
         assert np.array_equal(bits(theirs), bits(dot_reference(x[:rows], changed)))
 
 
-def test_q1_0_lookup_matvec_gives_the_emulation_bits(level):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q1_0_lookup_matvec_gives_the_emulation_bits(level, threads, restore_threads):
     """q1_0 with enough output columns and few rows takes the table lookup on the avx512vnni
     level of a CPU with VBMI (dot_sign_lookup.h; from 128 columns, 1 and 3 to 8 rows) and the
     bytewise decode with 2 rows, past 8 and everywhere else: every row count gives the numpy
-    emulation's bits, and a changed code changes its column through the lookup too."""
+    emulation's bits, and a changed code changes its column through the lookup too. One row
+    reads four groups at a time: 313 columns end in a partial fourth group (on one thread,
+    the whole width in one call)."""
+    cpu.set_num_threads(threads)
     rng = np.random.default_rng(33)
-    weight = quantized_weight("q1_0", 300, 1024, rng)  # 18 full groups of 16 and a partial one
+    weight = quantized_weight("q1_0", 313, 1024, rng)
     packed = cpu.pack_matrix(weight, layout="dot")
     x = awkward_rows(rng, 10, 1024)
     expected = bits(dot_reference(x, weight))
     for rows in range(1, 11):
         assert np.array_equal(bits(cpu.matmul(x[:rows], packed)), expected[:rows]), rows
     data = weight.data.copy()
-    data[290, 18 + 7] ^= 0x10  # the second GGUF block of 128: awkward rows start with zeros
+    data[310, 18 + 7] ^= 0x10  # the second GGUF block of 128: awkward rows start with zeros
     changed = QuantizedTensor("q1_0", data, weight.shape)
     theirs = cpu.matmul(x[:1], cpu.pack_matrix(changed, layout="dot"))
-    assert not np.array_equal(bits(theirs[:, 290]), expected[:1, 290])
+    assert not np.array_equal(bits(theirs[:, 310]), expected[:1, 310])
     assert np.array_equal(bits(theirs), bits(dot_reference(x[:1], changed)))

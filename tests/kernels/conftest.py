@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,17 @@ def restore_threads():
     default = cpu.num_threads()
     yield
     cpu.set_num_threads(default)
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (None where it is absent),
+    for tests whose premise is an instruction set extension."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return {word for line in text.splitlines() if line.startswith("flags")
+            for word in line.split(":", 1)[1].split()}
 
 
 def bits(array) -> np.ndarray:

@@ -9,7 +9,6 @@ program is built."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,23 +19,17 @@ from exactdraft.kernels import cpu
 from tests.conftest import needs_smollm2
 from tests.engine.rows import ContextRows
 from tests.engine.test_batched import compare_with_alone
-from tests.kernels.conftest import bits
+from tests.kernels.conftest import bits, cpu_flags
 from tests.kernels.test_cpu_quantized import BLOCK_FORMATS, awkward_rows, quantized_weight
 from tests.test_smollm2 import PROMPTS, drafted_runs
 
 pytestmark = pytest.mark.skipif(
     not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 
-CPU_FLAGS = Path("/proc/cpuinfo")
-
-
 def cpu_reports_amx() -> bool | None:
     """Whether the kernel's CPU flags list AMX-TILE and AMX-INT8 (None where it lists none)."""
-    if not CPU_FLAGS.is_file():
-        return None
-    flags = {word for line in CPU_FLAGS.read_text().splitlines() if line.startswith("flags")
-             for word in line.split(":", 1)[1].split()}
-    return {"amx_tile", "amx_int8"} <= flags
+    flags = cpu_flags()
+    return None if flags is None else {"amx_tile", "amx_int8"} <= flags
 
 
 def tile_level(name: str) -> str:
